@@ -1,0 +1,32 @@
+# `make test` and `make demo` work on a fresh machine with only Python: each builds .venv if missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU torch wheel lies on disk here; the constraints file keeps pip from taking a CUDA build.
+WHEELS := $(wildcard /opt/wheels)
+PIP := $(BIN)/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
+EXTRAS ?= dev
+
+.PHONY: test demo lint format install docs
+
+$(BIN)/.installed: pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(PIP) "torch==2.13.0"
+	$(PIP) -e ".[$(EXTRAS)]"
+	touch $@
+
+install: $(BIN)/.installed
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: install lint
+	$(BIN)/python -m pytest
+
+demo: install
+	$(BIN)/python examples/loss_table.py
