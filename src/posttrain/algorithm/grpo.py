@@ -1,0 +1,184 @@
+"""The GRPO-family objective: ``rl`` config section -> :class:`Objective`.
+
+``rl.grpo_surrogate`` selects the surrogate: ``clipped`` (PPO-style ratio against a frozen π_old,
+asymmetric and dual clipping, token or sequence (GSPO) ratio, optional KL anchor) or
+``legacy_pg`` (plain ``-A * logp``, kept for toy and parity runs). Dr-GRPO and GSPO are config
+choices on ``clipped``; no other objective exists for them.
+
+``legacy_pg`` is TOKEN_SUM with the ``token-mean`` reduction: its loss is the mean over all
+response tokens of the optimizer step, exactly, however the step is split.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from posttrain.algorithm.primitives.divergence import kl_penalty
+from posttrain.algorithm.primitives.objective import (
+    OBJECTIVE_WEIGHT_SUM,
+    MetricAdapter,
+    Objective,
+    ObjectiveContractError,
+    OldLogpCache,
+    Reduction,
+    ReferenceScorer,
+)
+from posttrain.algorithm.primitives.policy_gradient import (
+    LOSS_TYPES,
+    clipped_policy_gradient_loss,
+    legacy_policy_gradient_loss,
+    reduce_policy_gradient_loss,
+)
+from posttrain.data.logprobs import response_logprobs
+from posttrain.data.trajectory import TrajectoryBatch
+
+#: Local metric name -> public suffix (published as train/<suffix> and val/<suffix>).
+GRPO_METRICS = {
+    "pg_loss": "pg/loss",
+    "clip_frac_low": "pg/clip_frac_low",
+    "clip_frac_high": "pg/clip_frac_high",
+    "dual_clip_frac": "pg/dual_clip_frac",
+    "ratio_mean": "pg/ratio_mean",
+    "ratio_min": "pg/ratio_min",
+    "ratio_max": "pg/ratio_max",
+    "approx_kl": "pg/approx_kl_old",
+    "seq_clip_frac": "pg/seq_clip_frac",
+    "seq_log_ratio_abs_mean": "pg/seq_log_ratio_abs_mean",
+    "kl_ref": "pg/kl_ref",
+    "entropy_proxy": "pg/neg_logprob_mean",
+}
+
+
+def _validate_max_len(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(
+            f"context.max_response_length (rollout.max_tokens) must be a positive int, got {value!r}"
+        )
+    return value
+
+
+def _require_advantages(batch: TrajectoryBatch) -> Tensor:
+    if batch.advantages is None:
+        raise ObjectiveContractError(
+            "batch.advantages is missing: run the reward stage's advantage annotator before dispatch"
+        )
+    return batch.advantages
+
+
+def _masked_mean(x: Tensor, m: Tensor) -> Tensor:
+    return x.masked_fill(~m, 0).sum() / m.sum().clamp(min=1)
+
+
+def identity_of(rl: Any) -> dict[str, Any]:
+    """The values that define the algorithm; token-level runs omit the sequence-level key."""
+    if rl.grpo_surrogate == "legacy_pg":
+        return {"grpo_surrogate": "legacy_pg", "loss_type": "token-mean"}
+    ident = {
+        "grpo_surrogate": "clipped",
+        "loss_type": rl.loss_type,
+        "epsilon_low": float(rl.epsilon_low),
+        "epsilon_high": float(rl.epsilon_high),
+        "lower_bound_ratio": float(rl.lower_bound_ratio),
+        "temperature": float(rl.temperature),
+        "kl_beta": float(rl.kl_beta),
+    }
+    if rl.importance_sampling_level == "sequence":
+        ident["importance_sampling_level"] = "sequence"
+    return ident
+
+
+def _finish(per_token: Tensor, mask: Tensor, loss_type: str, max_len: int | None, metrics: dict):
+    num, weight = reduce_policy_gradient_loss(
+        per_token, mask, loss_type, max_response_length=max_len
+    )
+    weight = weight.detach()
+    # An empty chunk has numerator 0 and weight 0: report loss 0 so loss * weight stays 0.
+    loss = num / weight if float(weight) > 0 else num
+    metrics["pg_loss"] = loss.detach()
+    metrics[OBJECTIVE_WEIGHT_SUM] = weight
+    return loss, metrics
+
+
+def make_objective(rl: Any, context: Any) -> Objective:
+    """Build the configured GRPO-family objective.
+
+    ``rl`` needs ``grpo_surrogate``, ``importance_sampling_level``, ``epsilon_low``,
+    ``epsilon_high``, ``lower_bound_ratio``, ``temperature``, ``loss_type`` and ``kl_beta``.
+    ``context`` carries ``max_response_length`` (the rollout bound, for
+    ``seq-mean-token-sum-fixed``) and, when ``kl_beta > 0``, ``reference_model``: the frozen
+    network the entry also hands to the trainer as an auxiliary model.
+    """
+    adapter = MetricAdapter(GRPO_METRICS)
+    if rl.grpo_surrogate == "legacy_pg":
+
+        def legacy(model: nn.Module, batch: TrajectoryBatch):
+            adv = _require_advantages(batch)
+            logp = response_logprobs(model, batch, 1.0)
+            m = batch.response_mask
+            per_token = legacy_policy_gradient_loss(logp, adv, m)
+            metrics = {"entropy_proxy": _masked_mean(-logp.detach(), m)}
+            return _finish(per_token, m, "token-mean", None, metrics)
+
+        return Objective(legacy, Reduction.TOKEN_SUM, adapter, identity=identity_of(rl))
+
+    if rl.grpo_surrogate != "clipped":
+        raise ValueError(
+            f"rl.grpo_surrogate must be 'clipped' or 'legacy_pg', got {rl.grpo_surrogate!r}"
+        )
+    if rl.loss_type not in LOSS_TYPES:
+        raise ValueError(f"rl.loss_type must be one of {LOSS_TYPES}, got {rl.loss_type!r}")
+    max_len = getattr(context, "max_response_length", None)
+    if rl.loss_type == "seq-mean-token-sum-fixed":
+        max_len = _validate_max_len(max_len)
+    temperature = float(rl.temperature)
+    kl_beta = float(rl.kl_beta)
+    scorer = None
+    if kl_beta < 0:
+        raise ValueError(f"rl.kl_beta must be >= 0, got {kl_beta}")
+    if kl_beta > 0:
+        ref = getattr(context, "reference_model", None)
+        if ref is None:
+            raise ValueError("rl.kl_beta > 0 needs context.reference_model (the frozen reference)")
+        scorer = ReferenceScorer(ref, temperature)
+    cache = OldLogpCache(temperature)
+    # Snapshot the knobs: the objective must not change if the config object is mutated later.
+    level, loss_type = rl.importance_sampling_level, rl.loss_type
+    eps_low, eps_high, lbr = (
+        float(rl.epsilon_low),
+        float(rl.epsilon_high),
+        float(rl.lower_bound_ratio),
+    )
+
+    def clipped(model: nn.Module, batch: TrajectoryBatch):
+        adv = _require_advantages(batch)
+        logp = response_logprobs(model, batch, temperature)
+        m = batch.response_mask
+        old = batch.old_logprobs if batch.old_logprobs is not None else cache.lookup(batch)
+        per_token, metrics = clipped_policy_gradient_loss(
+            logp,
+            old,
+            adv,
+            m,
+            epsilon_low=eps_low,
+            epsilon_high=eps_high,
+            lower_bound_ratio=lbr,
+            importance_sampling_level=level,
+        )
+        if scorer is not None:
+            ref_logp = batch.ref_logprobs if batch.ref_logprobs is not None else scorer(batch)
+            kl = kl_penalty(logp, ref_logp, m, "k3")
+            per_token = per_token + kl_beta * kl
+            metrics["kl_ref"] = _masked_mean(kl.detach(), m)
+        metrics["entropy_proxy"] = _masked_mean(-logp.detach(), m)
+        return _finish(per_token, m, loss_type, max_len, metrics)
+
+    return Objective(
+        clipped,
+        Reduction.TOKEN_SUM,
+        adapter,
+        old_logp_cache=cache,
+        reference_scorer=scorer,
+        identity=identity_of(rl),
+    )
