@@ -1,0 +1,264 @@
+"""The reward stage: score every rollout row, then annotate complete groups before dispatch.
+
+Reward of one row (a response to a task item)::
+
+    reward = verifier(completion, item)                      # in [0, 1]; 1 = correct
+           + format_weight * follows_format(completion)      # 0/1: one non-empty \\boxed{}
+           + sum(fn(item.prompt, completion, item.answer, item.meta) for fn in functions)
+
+Accuracy counts the rows whose verifier score is 1. Advantages come from
+:func:`posttrain.algorithm.annotators.advantage.group_advantages` over the total reward, with
+every group complete (dispatch may split groups later; nothing after this stage may recompute
+group statistics). Shared-prefix masking, when on, narrows ``response_mask`` per group.
+
+A reward component that raises, returns a non-number, or gives NaN/inf stops the run with
+:class:`RewardError`, which names the row, its sample id, item id and a prompt excerpt, and the
+component.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posttrain.algorithm.annotators.advantage import group_advantages, shared_prefix_mask
+from posttrain.data.tasks.base import TaskItem
+from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.reward.extract import follows_format
+from posttrain.reward.functions import RewardFunction, load_reward_function
+from posttrain.reward.verifiers import VerifierName, get_verifier
+
+
+class RewardError(RuntimeError):
+    """A reward component failed or gave a non-finite value on a named sample."""
+
+
+@dataclass(frozen=True)
+class RowScores:
+    """Per-row reward components (all ``[N]``, float64 unless noted) and their sum."""
+
+    rewards: Tensor
+    verifier: Tensor
+    correct: Tensor  # bool: verifier score == 1
+    format_ok: Tensor  # bool
+    functions: dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """The annotated batch (``rewards``, ``advantages``, maybe narrowed mask) and metrics."""
+
+    batch: TrajectoryBatch
+    metrics: dict[str, float]
+    scores: RowScores
+
+
+class RewardStage:
+    """Scores rollouts and runs the advantage annotators; built from plain config values.
+
+    ``verifier``: ``"exact"`` | ``"math"`` | ``"reasoning_gym"`` (see
+    :mod:`posttrain.reward.verifiers`). ``format_weight``: added when the completion has exactly
+    one non-empty ``\\boxed{}`` (meant for the ``chat`` template, whose system prompt asks for
+    it). ``functions``: ``"module:function"`` specs of user reward functions. ``group_size``:
+    responses per prompt. ``unbiased_advantage``: ``r - mean`` (Dr-GRPO) instead of
+    ``(r - mean) / (std + advantage_eps)``. ``shared_prefix_mask``: mask each group's common
+    response prefix. ``dtype``: dtype of the ``rewards`` / ``advantages`` written to the batch
+    (scores and advantages are computed in float64 first).
+    """
+
+    def __init__(
+        self,
+        *,
+        verifier: VerifierName,
+        format_weight: float,
+        functions: Sequence[str],
+        group_size: int,
+        unbiased_advantage: bool,
+        advantage_eps: float,
+        shared_prefix_mask: bool,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.verifier_name = verifier
+        self._verify = get_verifier(verifier)
+        if not math.isfinite(format_weight):
+            raise ValueError(f"reward format_weight must be finite, got {format_weight}")
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+            raise ValueError(f"reward group_size must be an int >= 2, got {group_size!r}")
+        if not advantage_eps > 0:
+            raise ValueError(f"reward advantage_eps must be > 0, got {advantage_eps}")
+        if not dtype.is_floating_point:
+            raise ValueError(f"reward dtype must be floating, got {dtype}")
+        if isinstance(functions, str):
+            raise ValueError("reward functions must be a list of 'module:function' strings")
+        self.format_weight = float(format_weight)
+        self.functions: tuple[RewardFunction, ...] = tuple(
+            load_reward_function(s) for s in functions
+        )
+        specs = [f.spec for f in self.functions]
+        if len(set(specs)) != len(specs):
+            raise ValueError(f"reward functions list a function twice: {specs}")
+        self.group_size = group_size
+        self.estimator = "unbiased" if unbiased_advantage else "grpo"
+        self.advantage_eps = float(advantage_eps)
+        self.shared_prefix_mask = shared_prefix_mask
+        self.dtype = dtype
+
+    def score(
+        self,
+        completions: Sequence[str],
+        items: Sequence[TaskItem],
+        sample_ids: Sequence[int] | None = None,
+    ) -> RowScores:
+        """Score rows ``i`` = (``completions[i]``, ``items[i]``); no group logic (validation)."""
+        if len(completions) != len(items):
+            raise ValueError(
+                f"reward stage: {len(completions)} completions but {len(items)} task items"
+            )
+        ids = list(range(len(items))) if sample_ids is None else [int(s) for s in sample_ids]
+        if len(ids) != len(items):
+            raise ValueError(f"reward stage: {len(ids)} sample ids for {len(items)} rows")
+        ver, fmt, total = [], [], []
+        fn_vals: dict[str, list[float]] = {f.spec: [] for f in self.functions}
+        for i, (completion, item) in enumerate(zip(completions, items, strict=True)):
+            where = _row_name(i, ids[i], item)
+            v = _checked(
+                lambda c=completion, it=item: self._verify(c, it),
+                f"verifier {self.verifier_name!r}",
+                where,
+            )
+            ok = follows_format(completion)
+            r = v + (self.format_weight if ok else 0.0)
+            for f in self.functions:
+                x = _checked(
+                    lambda f=f, c=completion, it=item: f(it.prompt, c, it.answer, it.meta),
+                    f"reward function {f.spec!r}",
+                    where,
+                )
+                fn_vals[f.spec].append(x)
+                r += x
+            if not math.isfinite(r):
+                raise RewardError(f"total reward is {r} on {where}")
+            ver.append(v)
+            fmt.append(ok)
+            total.append(r)
+        f64 = torch.float64
+        verifier = torch.tensor(ver, dtype=f64)
+        return RowScores(
+            rewards=torch.tensor(total, dtype=f64),
+            verifier=verifier,
+            correct=verifier >= 1.0,
+            format_ok=torch.tensor(fmt, dtype=torch.bool),
+            functions={k: torch.tensor(v, dtype=f64) for k, v in fn_vals.items()},
+        )
+
+    def evaluate(self, completions: Sequence[str], items: Sequence[TaskItem]) -> dict[str, float]:
+        """Held-out metrics: accuracy, reward mean and format fraction (no advantages)."""
+        s = self.score(completions, items)
+        return {
+            "accuracy": _mean(s.correct),
+            "reward_mean": _mean(s.rewards),
+            "format_frac": _mean(s.format_ok),
+        }
+
+    def __call__(
+        self,
+        batch: TrajectoryBatch,
+        completions: Sequence[str],
+        items: Sequence[TaskItem],
+        *,
+        truncated: Tensor | None = None,
+    ) -> RewardResult:
+        """Annotate a rollout batch whose groups are all complete (row ``i`` <-> ``items[i]``).
+
+        ``truncated`` (``[B]`` bool, optional): rows that hit the length bound. Metrics:
+        ``reward/mean``, ``reward/std`` (population std over the batch), ``reward/accuracy``,
+        ``reward/verifier_mean``, ``reward/format_frac``, ``reward/response_length_mean``
+        (loss tokens before any shared-prefix masking), ``reward/fn/<spec>_mean`` per user
+        function, the annotator's stats as ``reward/<name>`` (``zero_variance_group_frac``),
+        ``reward/truncated_frac`` when ``truncated`` is given, and
+        ``reward/shared_prefix_masked_frac`` (share of loss tokens masked) when masking is on.
+        """
+        n = batch.batch_size
+        if len(completions) != n or len(items) != n:
+            raise ValueError(
+                f"reward stage: batch has {n} rows but got {len(completions)} completions and "
+                f"{len(items)} task items (one each per row)"
+            )
+        _check_groups_share_items(batch.group_ids, items)
+        scores = self.score(completions, items, batch.sample_ids.tolist())
+        adv, stats = group_advantages(
+            scores.rewards,
+            batch.group_ids,
+            group_size=self.group_size,
+            estimator=self.estimator,
+            eps=self.advantage_eps,
+        )
+        changes: dict[str, Tensor] = {
+            "rewards": scores.rewards.to(self.dtype),
+            "advantages": adv.to(self.dtype),
+        }
+        lengths = batch.response_mask.sum(1).to(torch.float64)
+        metrics = {
+            "reward/mean": _mean(scores.rewards),
+            "reward/std": float(scores.rewards.std(unbiased=False)),
+            "reward/accuracy": _mean(scores.correct),
+            "reward/verifier_mean": _mean(scores.verifier),
+            "reward/format_frac": _mean(scores.format_ok),
+            "reward/response_length_mean": _mean(lengths),
+        }
+        metrics.update({f"reward/fn/{k}_mean": _mean(v) for k, v in scores.functions.items()})
+        metrics.update({f"reward/{k}": float(v) for k, v in stats.items()})
+        if truncated is not None:
+            if truncated.shape != (n,):
+                raise ValueError(f"reward stage: truncated must be [B={n}], got {truncated.shape}")
+            metrics["reward/truncated_frac"] = _mean(truncated.to(torch.bool))
+        if self.shared_prefix_mask:
+            mask = shared_prefix_mask(batch.response_ids, batch.response_mask, batch.group_ids)
+            before = int(batch.response_mask.sum())
+            removed = before - int(mask.sum())
+            metrics["reward/shared_prefix_masked_frac"] = removed / before if before else 0.0
+            changes["response_mask"] = mask
+        return RewardResult(batch=batch.replace(**changes), metrics=metrics, scores=scores)
+
+
+def _checked(call, what: str, where: str) -> float:
+    try:
+        value = call()
+    except Exception as e:
+        raise RewardError(f"{what} raised {type(e).__name__}: {e} on {where}") from e
+    if isinstance(value, str | bytes):
+        raise RewardError(f"{what} returned a string, not a number, on {where}")
+    try:
+        x = float(value)
+    except Exception:
+        raise RewardError(
+            f"{what} returned {type(value).__name__}, not a number, on {where}"
+        ) from None
+    if not math.isfinite(x):
+        raise RewardError(f"{what} returned {x} on {where}: rewards must be finite")
+    return x
+
+
+def _row_name(index: int, sample_id: int, item: TaskItem) -> str:
+    excerpt = item.prompt if len(item.prompt) <= 60 else item.prompt[:57] + "..."
+    return f"row {index} (sample_id {sample_id}, item {item.item_id}, prompt {excerpt!r})"
+
+
+def _check_groups_share_items(group_ids: Tensor, items: Sequence[TaskItem]) -> None:
+    """Rows of one group answer one task item; a mismatch means rows and items are misaligned."""
+    first: dict[int, int] = {}
+    for i, g in enumerate(group_ids.tolist()):
+        j = first.setdefault(g, i)
+        if (items[i].prompt, items[i].answer) != (items[j].prompt, items[j].answer):
+            raise ValueError(
+                f"reward stage: rows {j} and {i} share group_id {g} but have different task items "
+                f"({items[j].item_id} vs {items[i].item_id}); rows and items are misaligned"
+            )
+
+
+def _mean(t: Tensor) -> float:
+    return float(t.to(torch.float64).mean()) if t.numel() else 0.0
