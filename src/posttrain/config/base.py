@@ -73,6 +73,11 @@ class Section(BaseModel):
         except ValidationError as e:
             raise format_validation_error(e, self.section_name, self._dotted_fields()) from None
 
+    # This __init__ only rewords errors, so nested validation may bypass it as it bypasses
+    # BaseModel's (pydantic calls a custom __init__ for nested models, which would wrap the
+    # one-line error once per level); RootModel uses the same marker.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
     @classmethod
     def _dotted_fields(cls) -> list[str]:
         return [".".join(p for p in (cls.section_name, f) if p) for f in cls.model_fields]

@@ -80,7 +80,9 @@ class RLConfig(Section):
         "reference. Only the clipped surrogate has a KL term.",
     )
     lr: float = Field(1e-6, gt=0, description="Learning rate (constant).")
-    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    weight_decay: float = Field(
+        0.0, ge=0, description="Weight decay given to the optimizer (decoupled in AdamW)."
+    )
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Policy optimizer.")
     max_steps: int = Field(200, ge=1, description="Number of optimizer steps to train.")
     save_every: int = Field(

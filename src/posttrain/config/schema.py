@@ -42,7 +42,7 @@ class PosttrainConfig(Section):
 
     @classmethod
     def _dotted_fields(cls) -> list[str]:
-        return all_keys()
+        return [*cls.model_fields, *all_keys()]
 
     def run_dir(self) -> Path:
         """``<output_root>/<algorithm>/<name>``: separates runs of different algorithms/names."""

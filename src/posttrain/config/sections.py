@@ -154,7 +154,9 @@ class RolloutConfig(Section):
         "advantage exists.",
     )
     temperature: float = Field(
-        1.0, gt=0, description="Sampling temperature; see the temperature contract rules."
+        1.0,
+        gt=0,
+        description="Sampling temperature; the selected surrogate fixes which values are allowed.",
     )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1 disables it.")
     max_tokens: int = Field(

@@ -21,6 +21,9 @@ class PreflightError(ConfigError):
         self.violations = list(violations)
         super().__init__("preflight: " + "; ".join(self.violations))
 
+    def __reduce__(self):  # pickles (e.g. to and from Ray workers) with its violations
+        return (type(self), (self.violations,))
+
 
 @dataclass(frozen=True)
 class Rule:

@@ -1,10 +1,10 @@
-"""The temperature contract: the loss must score samples under the distribution that drew them."""
+"""The sampling contract: the loss must score samples under the distribution that drew them."""
 
 from __future__ import annotations
 
 from posttrain.config.rl import RLConfig
 from posttrain.config.schema import PosttrainConfig
-from posttrain.control.rules import error
+from posttrain.control.rules import error, warning
 
 
 @error("rl.grpo_surrogate", "rollout.temperature", "rl.temperature")
@@ -44,4 +44,21 @@ def legacy_pg_rl_temperature(cfg: PosttrainConfig) -> str | None:
     )
 
 
-RULES = (clipped_temperature_match, legacy_pg_rollout_temperature, legacy_pg_rl_temperature)
+@warning("rollout.top_p")
+def top_p_truncates_sampling(cfg: PosttrainConfig) -> str | None:
+    """Nucleus sampling draws from a truncated distribution while the loss scores the full
+    one, so even the first update is slightly off-policy."""
+    if cfg.rollout.top_p == 1.0:
+        return None
+    return (
+        f"rollout.top_p={cfg.rollout.top_p}: responses come from a truncated distribution that "
+        "the loss does not score, so updates are slightly off-policy"
+    )
+
+
+RULES = (
+    clipped_temperature_match,
+    legacy_pg_rollout_temperature,
+    legacy_pg_rl_temperature,
+    top_p_truncates_sampling,
+)
