@@ -28,5 +28,9 @@ format: install
 test: install lint
 	$(BIN)/python -m pytest
 
+# Regenerate the config reference from the schema; tests/test_config_reference.py fails when stale.
+docs: install
+	$(BIN)/python -m posttrain.config.reference docs/reference/config.md
+
 demo: install
 	$(BIN)/python examples/loss_table.py

@@ -1,0 +1,147 @@
+"""The ``rl`` section: objective selection, its knobs, and the optimisation schedule.
+
+Which knobs an objective actually reads is enforced by preflight (``posttrain.control``), not
+here: a field validator sees one value, so cross-field rules live in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from posttrain.config.base import Section
+
+LossType = Literal[
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-fixed"
+]
+
+
+class RLConfig(Section):
+    """The policy objective and its training schedule."""
+
+    section_name = "rl"
+
+    grpo_surrogate: Literal["clipped", "legacy_pg"] = Field(
+        "clipped",
+        description="GRPO loss: `clipped` (importance ratio against a frozen π_old, epsilon "
+        "and dual clip, loss temperature, configurable reduction) or `legacy_pg` (plain "
+        "-A·log π, token mean; for toy runs and parity checks).",
+    )
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token",
+        description="Granularity of the clipped ratio: one ratio per `token`, or one per "
+        "response, the exponential of the mean token log-ratio (`sequence`, GSPO).",
+    )
+    epsilon_low: float = Field(
+        0.2,
+        gt=0,
+        lt=1,
+        description="Clip range below 1: the ratio is clipped at 1 - epsilon_low.",
+    )
+    epsilon_high: float = Field(
+        0.2,
+        gt=0,
+        description="Clip range above 1: the ratio is clipped at 1 + epsilon_high. 0.2 is the "
+        "symmetric PPO choice; 0.28 (clip-higher) is a common alternative for long runs.",
+    )
+    lower_bound_ratio: float = Field(
+        0.0,
+        ge=0,
+        description="Dual clip for negative advantages: the per-token loss is capped at "
+        "lower_bound_ratio·|A|. 0 disables it; otherwise it must be greater than 1.",
+    )
+    temperature: float = Field(
+        1.0,
+        gt=0,
+        description="Temperature the loss scores logprobs at (clipped surrogate only); must "
+        "equal `rollout.temperature`.",
+    )
+    loss_type: LossType = Field(
+        "token-mean",
+        description="Reduction of per-token losses: `token-mean` (over all tokens), "
+        "`seq-mean-token-mean` (mean of per-response means), `seq-mean-token-sum` (mean of "
+        "per-response sums), `seq-mean-token-sum-fixed` (per-response sums divided by "
+        "`rollout.max_tokens`, then the mean; Dr-GRPO).",
+    )
+    unbiased_advantage: bool = Field(
+        False,
+        description="Group advantage without the std division: A = r - mean(r) (Dr-GRPO). "
+        "Otherwise A = (r - mean(r)) / (std(r) + advantage_eps).",
+    )
+    advantage_eps: float = Field(
+        1e-6, gt=0, description="Added to the group std before dividing by it."
+    )
+    kl_beta: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of the KL penalty to a frozen reference model; 0 builds no "
+        "reference. Only the clipped surrogate has a KL term.",
+    )
+    lr: float = Field(1e-6, gt=0, description="Learning rate (constant).")
+    weight_decay: float = Field(
+        0.0, ge=0, description="Weight decay given to the optimizer (decoupled in AdamW)."
+    )
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Policy optimizer.")
+    max_steps: int = Field(200, ge=1, description="Number of optimizer steps to train.")
+    save_every: int = Field(
+        50, ge=0, description="Checkpoint every this many steps; 0 saves only at the end."
+    )
+    eval_every: int = Field(
+        25, ge=0, description="Validate every this many steps; 0 disables validation."
+    )
+    resume: Literal["auto", "off", "must"] = Field(
+        "auto",
+        description="`auto` resumes from the run directory's latest checkpoint if one exists, "
+        "`off` starts fresh, `must` fails when no checkpoint exists.",
+    )
+    mini_batch_per_replica: int = Field(
+        1,
+        ge=1,
+        description="Optimizer updates per collected batch on each policy replica; above 1 "
+        "the later updates are off-policy and the ratio against π_old matters.",
+    )
+    micro_batch_size: int = Field(
+        4,
+        ge=1,
+        description="Responses per forward/backward chunk; changes memory, never the gradient.",
+    )
+    grad_clip: float = Field(
+        1.0, ge=0, description="Clip the global gradient norm to this value; 0 disables it."
+    )
+    max_consecutive_nonfinite: int = Field(
+        3,
+        ge=0,
+        description="Steps with a non-finite loss or gradient are skipped; after this many in a "
+        "row the run stops. 0 stops on the first.",
+    )
+    distillation_mode: Literal["advantage", "direct"] = Field(
+        "advantage",
+        description="OPD only: `advantage` uses the teacher-student log-ratio as a per-token "
+        "advantage; `direct` minimises a divergence to the teacher.",
+    )
+
+    @field_validator(
+        "epsilon_low",
+        "epsilon_high",
+        "lower_bound_ratio",
+        "temperature",
+        "advantage_eps",
+        "kl_beta",
+        "lr",
+        "weight_decay",
+        "grad_clip",
+    )
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be finite")
+        return value
+
+    @field_validator("lower_bound_ratio")
+    @classmethod
+    def _check_dual_clip(cls, value: float) -> float:
+        if 0 < value <= 1:
+            raise ValueError("must be 0 (dual clip off) or greater than 1")
+        return value

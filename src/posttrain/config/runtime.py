@@ -1,0 +1,79 @@
+"""Config sections for placement, logging and checkpoints: where and how a run executes."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from posttrain.config.base import Section
+
+
+class PlacementConfig(Section):
+    """Where the roles (rollout, reward, policy, reference, teacher) run."""
+
+    section_name = "placement"
+
+    backend: Literal["local", "ray"] = Field(
+        "local",
+        description="`local` runs every role in this process tree on one machine; `ray` places "
+        "roles as Ray actors. Both give the same numbers for the same seed.",
+    )
+    ray_address: str = Field(
+        "",
+        description="Ray cluster address; empty starts a local Ray instance. Read only for "
+        "`backend=ray`.",
+    )
+    policy_ranks: int = Field(
+        1, ge=1, description="Data-parallel policy replicas (processes) that train together."
+    )
+    cpus_per_role: float = Field(
+        1.0, gt=0, description="CPUs requested per Ray actor. Read only for `backend=ray`."
+    )
+    gpus_per_role: float = Field(
+        0.0, ge=0, description="GPUs requested per Ray actor. Read only for `backend=ray`."
+    )
+    torch_threads_per_process: int = Field(
+        1,
+        ge=1,
+        description="torch intra-op threads in every role process; keep the product with the "
+        "process count at or below the core count.",
+    )
+
+    @field_validator("cpus_per_role", "gpus_per_role")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be finite")
+        return value
+
+
+class LoggingConfig(Section):
+    """Where metrics go. A metrics JSONL file in the run directory is always written."""
+
+    section_name = "logging"
+
+    progress: bool = Field(True, description="Print a one-line progress report per step.")
+    tensorboard: bool = Field(False, description="Also write TensorBoard event files.")
+    wandb: bool = Field(False, description="Also log to Weights & Biases.")
+    wandb_mode: Literal["online", "offline", "disabled"] = Field(
+        "offline",
+        description="W&B mode; `offline` writes locally for a later `wandb sync`. Read only "
+        "when `logging.wandb=true`.",
+    )
+    wandb_project: str = Field(
+        "posttrain",
+        min_length=1,
+        description="W&B project. Read only when `logging.wandb=true`.",
+    )
+
+
+class CheckpointConfig(Section):
+    """How many checkpoints a run keeps (when to save is `rl.save_every`)."""
+
+    section_name = "checkpoint"
+
+    keep_last: int = Field(
+        2, ge=1, description="Keep this many most recent checkpoints; older ones are deleted."
+    )

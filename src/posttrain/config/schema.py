@@ -1,0 +1,58 @@
+"""``PosttrainConfig``: the whole resolved configuration of one run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from posttrain.config.base import Section
+from posttrain.config.rl import RLConfig
+from posttrain.config.runtime import CheckpointConfig, LoggingConfig, PlacementConfig
+from posttrain.config.sections import (
+    DataConfig,
+    JobConfig,
+    ModelConfig,
+    RewardConfig,
+    RolloutConfig,
+)
+
+
+class PosttrainConfig(Section):
+    """Every setting of a run. Workers rebuild it from the recipe path plus the override list."""
+
+    job: JobConfig = Field(default_factory=JobConfig, description="Run identity and outputs.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Prompt source.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Scoring.")
+    rl: RLConfig = Field(default_factory=RLConfig, description="Objective and schedule.")
+    placement: PlacementConfig = Field(
+        default_factory=PlacementConfig, description="Role placement."
+    )
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metrics sinks.")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoint retention."
+    )
+
+    @classmethod
+    def sections(cls) -> dict[str, type[Section]]:
+        """Section name -> section class, in schema order."""
+        return {name: f.annotation for name, f in cls.model_fields.items()}  # type: ignore[misc]
+
+    @classmethod
+    def _dotted_fields(cls) -> list[str]:
+        return [*cls.model_fields, *all_keys()]
+
+    def run_dir(self) -> Path:
+        """``<output_root>/<algorithm>/<name>``: separates runs of different algorithms/names."""
+        return Path(self.job.output_root) / self.job.algorithm / self.job.name
+
+
+def all_keys() -> list[str]:
+    """Every settable dotted key (``section.field``), in schema order."""
+    return [
+        f"{name}.{field}"
+        for name, section in PosttrainConfig.sections().items()
+        for field in section.model_fields
+    ]

@@ -1,0 +1,206 @@
+"""Config sections for the job, the model, the data, the rollout and the reward."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from posttrain.config.base import Section
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def _path_safe(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(
+            "must start with a letter or digit and use only letters, digits, '_', '.', '-' "
+            "(it names an output directory)"
+        )
+    return value
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("must be finite")
+    return value
+
+
+class JobConfig(Section):
+    """What the run is called and where it writes."""
+
+    section_name = "job"
+
+    name: str = Field(
+        "default",
+        description="Run name. With `job.algorithm` it separates output directories, the saved "
+        "resolved config, metrics provenance and automatic resume.",
+    )
+    algorithm: str = Field(
+        "grpo",
+        description="Algorithm label recorded for provenance (`grpo`, `dr_grpo`, `gspo`, `opd`). "
+        "A label starting with `opd` selects the OPD preflight rules; any other label the GRPO "
+        "rules.",
+    )
+    seed: int = Field(0, ge=0, description="Seed for data order, sampling and initialisation.")
+    output_root: str = Field(
+        "outputs",
+        min_length=1,
+        description="Directory under which runs write "
+        "`<output_root>/<algorithm>/<name>/` (checkpoints, metrics, resolved config).",
+    )
+
+    _check_name = field_validator("name", "algorithm")(_path_safe)
+
+
+class ModelConfig(Section):
+    """Which policy network to load and the capabilities it declares."""
+
+    section_name = "model"
+
+    name_or_path: str = Field(
+        "outputs/models/tiny-arith",
+        min_length=1,
+        description="Local Hugging Face model directory of the policy (nothing is downloaded). "
+        "The default is where the arithmetic demo keeps its tiny from-scratch model.",
+    )
+    tokenizer_path: str | None = Field(
+        None,
+        min_length=1,
+        description="Local tokenizer directory; null means the tokenizer lives in "
+        "`model.name_or_path`.",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Parameter and compute dtype of the policy; logprobs are computed in it.",
+    )
+    certified_deterministic_forward: bool = Field(
+        False,
+        description="Capability: the forward gives bitwise-identical logprobs for a sample "
+        "whatever else is in its batch, so an on-policy ratio is exactly 1. Set it only for a "
+        "model whose kernels you have checked.",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass to save memory."
+    )
+
+
+class DataConfig(Section):
+    """The prompt source, its size and how prompts are rendered."""
+
+    section_name = "data"
+
+    task: Literal["arithmetic", "jsonl", "reasoning_gym"] = Field(
+        "arithmetic",
+        description="Prompt source: generated arithmetic problems, a JSONL file of "
+        "question/answer rows (GSM8K format), or a reasoning_gym dataset.",
+    )
+    train_path: str | None = Field(
+        None,
+        min_length=1,
+        description="Training JSONL file; required by, and read only for, `task=jsonl`.",
+    )
+    val_path: str | None = Field(
+        None, min_length=1, description="Validation JSONL file; read only for `task=jsonl`."
+    )
+    reasoning_gym_dataset: str = Field(
+        "basic_arithmetic",
+        min_length=1,
+        description="reasoning_gym dataset name; read only for `task=reasoning_gym`.",
+    )
+    digits: int = Field(
+        1, ge=1, le=18, description="Digits per operand; read only for `task=arithmetic`."
+    )
+    operators: str = Field(
+        "+",
+        description="Operators to draw from, a subset of `+-*` without repeats, e.g. `+-`; "
+        "read only for `task=arithmetic`.",
+    )
+    train_size: int = Field(
+        1000, ge=1, description="Number of generated training problems (generated tasks)."
+    )
+    val_size: int = Field(
+        64, ge=0, description="Number of generated validation problems; 0 means none."
+    )
+    prompts_per_step: int = Field(
+        8, ge=1, description="Prompts per optimizer step; each is sampled `rollout.n` times."
+    )
+    prompt_template: Literal["plain", "chat"] = Field(
+        "plain",
+        description="`plain` feeds the question text as is; `chat` applies the tokenizer's "
+        "chat template.",
+    )
+
+    @field_validator("operators")
+    @classmethod
+    def _check_operators(cls, value: str) -> str:
+        if not value or set(value) - set("+-*") or len(set(value)) != len(value):
+            raise ValueError("must be a non-empty subset of '+-*' without repeats, e.g. '+-'")
+        return value
+
+
+class RolloutConfig(Section):
+    """How responses are sampled from the policy."""
+
+    section_name = "rollout"
+
+    n: int = Field(
+        8,
+        ge=2,
+        description="Responses sampled per prompt (the group); at least 2 so a group-relative "
+        "advantage exists.",
+    )
+    temperature: float = Field(
+        1.0,
+        gt=0,
+        description="Sampling temperature; the selected surrogate fixes which values are allowed.",
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1 disables it.")
+    max_tokens: int = Field(
+        256,
+        gt=0,
+        description="Maximum response length in tokens: the only response bound. Also the fixed "
+        "divisor of `rl.loss_type=seq-mean-token-sum-fixed`. Strict positive integer (bool, "
+        "fractional, zero and negative values are rejected).",
+    )
+    engine: Literal["torch"] = Field("torch", description="Sampling engine.")
+
+    _check_temperature = field_validator("temperature", "top_p")(_finite)
+
+
+class RewardConfig(Section):
+    """How responses are scored."""
+
+    section_name = "reward"
+
+    verifier: Literal["exact", "math"] = Field(
+        "exact",
+        description="Answer check: `exact` compares the stripped response with the answer, "
+        "`math` extracts the final number and compares numerically.",
+    )
+    format_weight: float = Field(
+        0.0, ge=0, description="Weight of the format reward added to the verifier's score."
+    )
+    functions: list[str] = Field(
+        default_factory=list,
+        description="Extra reward functions as `module:function` references, summed with the "
+        "verifier's score.",
+    )
+    shared_prefix_mask: bool = Field(
+        False,
+        description="Mask the loss on response tokens that every member of a group shares as "
+        "a prefix (applied in the reward stage, before dispatch).",
+    )
+
+    _check_weight = field_validator("format_weight")(_finite)
+
+    @field_validator("functions")
+    @classmethod
+    def _check_functions(cls, value: list[str]) -> list[str]:
+        for ref in value:
+            if not _FUNCTION_REF.match(ref):
+                raise ValueError(f"{ref!r} is not a 'module:function' reference")
+        return value

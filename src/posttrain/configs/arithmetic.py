@@ -1,0 +1,45 @@
+"""Arithmetic root recipe: a tiny Llama trained from scratch on one-digit sums, on CPU.
+
+The default of ``make demo``. It pins ``rl.grpo_surrogate=legacy_pg`` (plain policy gradient,
+sampled at temperature 1.0) so the demo exercises the simplest objective; production recipes
+select ``clipped`` explicitly.
+"""
+
+from __future__ import annotations
+
+from posttrain.config import PosttrainConfig
+
+
+def build_config() -> PosttrainConfig:
+    cfg = PosttrainConfig()
+    cfg.job.name = "arithmetic_tiny"
+    cfg.job.algorithm = "grpo"
+    cfg.job.seed = 0
+    # The entry creates this tiny from-scratch model when the directory is missing.
+    cfg.model.name_or_path = "outputs/models/tiny-arith"
+    cfg.model.dtype = "float32"
+
+    cfg.data.task = "arithmetic"
+    cfg.data.digits = 1
+    cfg.data.operators = "+"
+    cfg.data.train_size = 1000
+    cfg.data.val_size = 64
+    cfg.data.prompts_per_step = 32
+    cfg.data.prompt_template = "plain"
+
+    cfg.rollout.n = 8
+    cfg.rollout.temperature = 1.0
+    cfg.rollout.max_tokens = 4
+
+    cfg.reward.verifier = "exact"
+
+    cfg.rl.grpo_surrogate = "legacy_pg"
+    cfg.rl.lr = 1e-3
+    cfg.rl.max_steps = 150
+    cfg.rl.save_every = 50
+    cfg.rl.eval_every = 25
+    cfg.rl.micro_batch_size = 64
+    cfg.rl.grad_clip = 1.0
+
+    cfg.placement.torch_threads_per_process = 1
+    return cfg

@@ -1,0 +1,129 @@
+"""Rejected settings outside the objective: data sources, batch shape, placement, logging."""
+
+from __future__ import annotations
+
+from posttrain.config.schema import PosttrainConfig
+from posttrain.control.rules import are, changed, error
+
+
+@error("rollout.max_tokens")
+def max_tokens_positive_int(cfg: PosttrainConfig) -> str | None:
+    """rollout.max_tokens is the only response bound; a config built without validation must
+    not slip a bool, fraction or non-positive value past the driver."""
+    value = cfg.rollout.max_tokens
+    if type(value) is int and value > 0:
+        return None
+    return f"rollout.max_tokens must be a positive integer, got {value!r}"
+
+
+@error("data.task", "data.train_path")
+def jsonl_needs_train_path(cfg: PosttrainConfig) -> str | None:
+    """task=jsonl reads its prompts from data.train_path."""
+    if cfg.data.task != "jsonl" or cfg.data.train_path:
+        return None
+    return "data.task=jsonl needs data.train_path (a JSONL file of question/answer rows)"
+
+
+@error("data.task", "data.train_path", "data.val_path")
+def data_paths_need_jsonl(cfg: PosttrainConfig) -> str | None:
+    """Only task=jsonl reads data.train_path and data.val_path."""
+    if cfg.data.task == "jsonl":
+        return None
+    knobs = changed(cfg.data, "train_path", "val_path")
+    if not knobs:
+        return None
+    return f"{are(knobs)} never read by data.task={cfg.data.task}; reset or set data.task=jsonl"
+
+
+@error("data.task", "data.reasoning_gym_dataset")
+def reasoning_gym_dataset_needs_task(cfg: PosttrainConfig) -> str | None:
+    """Only task=reasoning_gym reads data.reasoning_gym_dataset."""
+    if cfg.data.task == "reasoning_gym" or cfg.data.is_default("reasoning_gym_dataset"):
+        return None
+    return (
+        f"data.reasoning_gym_dataset={cfg.data.reasoning_gym_dataset} never read by "
+        f"data.task={cfg.data.task}; remove or set data.task=reasoning_gym"
+    )
+
+
+@error("data.task", "data.digits", "data.operators")
+def arithmetic_knobs_need_task(cfg: PosttrainConfig) -> str | None:
+    """Only task=arithmetic reads data.digits and data.operators."""
+    if cfg.data.task == "arithmetic":
+        return None
+    knobs = changed(cfg.data, "digits", "operators")
+    if not knobs:
+        return None
+    return f"{are(knobs)} never read by data.task={cfg.data.task}; reset to default"
+
+
+@error("rl.eval_every", "data.task", "data.val_path", "data.val_size")
+def eval_needs_validation_data(cfg: PosttrainConfig) -> str | None:
+    """Periodic validation needs a validation set: data.val_path for jsonl, data.val_size > 0
+    for generated tasks."""
+    if cfg.rl.eval_every == 0:
+        return None
+    if cfg.data.task == "jsonl" and not cfg.data.val_path:
+        return f"rl.eval_every={cfg.rl.eval_every} needs data.val_path; set it or rl.eval_every=0"
+    if cfg.data.task != "jsonl" and cfg.data.val_size == 0:
+        return f"rl.eval_every={cfg.rl.eval_every} needs data.val_size > 0 or rl.eval_every=0"
+    return None
+
+
+@error(
+    "data.prompts_per_step",
+    "rollout.n",
+    "placement.policy_ranks",
+    "rl.mini_batch_per_replica",
+)
+def batch_covers_updates(cfg: PosttrainConfig) -> str | None:
+    """Every policy rank needs at least one response in every mini-batch of a step."""
+    responses = cfg.data.prompts_per_step * cfg.rollout.n
+    needed = cfg.placement.policy_ranks * cfg.rl.mini_batch_per_replica
+    if responses >= needed:
+        return None
+    return (
+        f"a step has data.prompts_per_step*rollout.n={responses} responses, fewer than "
+        f"placement.policy_ranks*rl.mini_batch_per_replica={needed} mini-batches; raise "
+        "prompts_per_step or lower the split"
+    )
+
+
+@error(
+    "placement.backend",
+    "placement.ray_address",
+    "placement.cpus_per_role",
+    "placement.gpus_per_role",
+)
+def ray_knobs_need_ray(cfg: PosttrainConfig) -> str | None:
+    """Ray address and per-actor resources are read only by placement.backend=ray."""
+    if cfg.placement.backend == "ray":
+        return None
+    knobs = changed(cfg.placement, "ray_address", "cpus_per_role", "gpus_per_role")
+    if not knobs:
+        return None
+    return f"{are(knobs)} never read by placement.backend=local; reset or use backend=ray"
+
+
+@error("logging.wandb", "logging.wandb_mode", "logging.wandb_project")
+def wandb_knobs_need_wandb(cfg: PosttrainConfig) -> str | None:
+    """W&B mode and project are read only when logging.wandb=true."""
+    if cfg.logging.wandb:
+        return None
+    knobs = changed(cfg.logging, "wandb_mode", "wandb_project")
+    if not knobs:
+        return None
+    return f"{are(knobs)} never read with logging.wandb=false; reset or set logging.wandb=true"
+
+
+RULES = (
+    max_tokens_positive_int,
+    jsonl_needs_train_path,
+    data_paths_need_jsonl,
+    reasoning_gym_dataset_needs_task,
+    arithmetic_knobs_need_task,
+    eval_needs_validation_data,
+    batch_covers_updates,
+    ray_knobs_need_ray,
+    wandb_knobs_need_wandb,
+)

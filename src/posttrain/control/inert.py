@@ -1,0 +1,90 @@
+"""Warned settings: honoured by the objective, but without effect (or dominated by numerics).
+
+Each warning is returned once by :func:`posttrain.control.run_preflight`; the entry writes it to
+the run log before training starts.
+"""
+
+from __future__ import annotations
+
+from posttrain.config.schema import PosttrainConfig
+from posttrain.control.rules import objective_family, warning
+
+#: An epsilon at or above this is token-scale: a mean-of-logs sequence ratio rarely moves so far.
+TOKEN_SCALE_EPSILON = 1e-2
+
+_TOKEN_SUM_LOSSES = ("seq-mean-token-sum", "seq-mean-token-sum-fixed")
+
+
+def _sequence_level(cfg: PosttrainConfig) -> bool:
+    return cfg.rl.grpo_surrogate == "clipped" and cfg.rl.importance_sampling_level == "sequence"
+
+
+@warning("rl.importance_sampling_level", "rl.mini_batch_per_replica")
+def sequence_level_on_policy_ratio(cfg: PosttrainConfig) -> str | None:
+    """With one update per collected batch π_old equals π, the sequence ratio is exactly 1 and
+    the clip never acts."""
+    if not _sequence_level(cfg) or cfg.rl.mini_batch_per_replica != 1:
+        return None
+    return (
+        "rl.importance_sampling_level=sequence with rl.mini_batch_per_replica=1: every update is "
+        "on-policy, the sequence ratio is 1 and the clip never acts"
+    )
+
+
+@warning("rl.importance_sampling_level", "rl.epsilon_low", "rl.epsilon_high")
+def sequence_level_token_scale_epsilons(cfg: PosttrainConfig) -> str | None:
+    """A sequence ratio is the exponential of a mean token log-ratio and stays near 1, so
+    token-scale epsilons (>= 1e-2) almost never clip; GSPO uses 3e-4/4e-4."""
+    eps = max(cfg.rl.epsilon_low, cfg.rl.epsilon_high)
+    if not _sequence_level(cfg) or eps < TOKEN_SCALE_EPSILON:
+        return None
+    return (
+        f"rl.epsilon_low={cfg.rl.epsilon_low}, rl.epsilon_high={cfg.rl.epsilon_high} are "
+        "token-scale at rl.importance_sampling_level=sequence and will rarely clip "
+        "(GSPO uses 3e-4/4e-4)"
+    )
+
+
+@warning("rl.importance_sampling_level", "model.dtype")
+def sequence_level_bf16_logprobs(cfg: PosttrainConfig) -> str | None:
+    """bf16 logprob rounding can be as large as a sequence-level clip range, so clip decisions
+    may follow numerics rather than policy change."""
+    if not _sequence_level(cfg) or cfg.model.dtype != "bfloat16":
+        return None
+    return (
+        "model.dtype=bfloat16 at rl.importance_sampling_level=sequence: bf16 logprob rounding "
+        "is comparable to the sequence clip range"
+    )
+
+
+@warning("rl.importance_sampling_level", "rl.loss_type")
+def sequence_level_length_weighting(cfg: PosttrainConfig) -> str | None:
+    """Token-sum reductions weight each response by its length, while the sequence ratio is
+    length-normalised; GSPO pairs it with seq-mean-token-mean."""
+    if not _sequence_level(cfg) or cfg.rl.loss_type not in _TOKEN_SUM_LOSSES:
+        return None
+    return (
+        f"rl.loss_type={cfg.rl.loss_type} at rl.importance_sampling_level=sequence weights "
+        "responses by length; GSPO uses seq-mean-token-mean"
+    )
+
+
+@warning("job.algorithm", "rl.distillation_mode")
+def opd_direct_ignores_reward(cfg: PosttrainConfig) -> str | None:
+    """Direct OPD minimises a divergence to the teacher: task reward and group advantage are
+    computed (metrics, validation, prefix masking) but are not training signals."""
+    if objective_family(cfg) != "opd" or cfg.rl.distillation_mode != "direct":
+        return None
+    return (
+        "rl.distillation_mode=direct: task reward and group advantage are not training signals "
+        "(they still drive metrics, validation and reward.shared_prefix_mask)"
+    )
+
+
+RULES = (
+    sequence_level_on_policy_ratio,
+    sequence_level_token_scale_epsilons,
+    sequence_level_bf16_logprobs,
+    sequence_level_length_weighting,
+    opd_direct_ignores_reward,
+)

@@ -1,0 +1,73 @@
+"""The preflight rule type: one small check function plus what it reads and how severe it is."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from posttrain.config.errors import ConfigError
+from posttrain.config.schema import PosttrainConfig
+
+Severity = Literal["error", "warning"]
+Check = Callable[[PosttrainConfig], "str | None"]
+
+
+class PreflightError(ConfigError):
+    """The config violates at least one preflight rule; ``violations`` lists each message."""
+
+    def __init__(self, violations: list[str]) -> None:
+        self.violations = list(violations)
+        super().__init__("preflight: " + "; ".join(self.violations))
+
+    def __reduce__(self):  # pickles (e.g. to and from Ray workers) with its violations
+        return (type(self), (self.violations,))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A named check. ``check`` returns None when satisfied, else a message naming the knob."""
+
+    check: Check
+    severity: Severity
+    reads: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.check.__name__
+
+    @property
+    def doc(self) -> str:
+        """The check's docstring, on one line: why the rule exists."""
+        return " ".join((inspect.getdoc(self.check) or "").split())
+
+
+def error(*reads: str) -> Callable[[Check], Rule]:
+    """Decorator: ``check`` rejects the config (violations raise :class:`PreflightError`)."""
+    return lambda check: Rule(check, "error", reads)
+
+
+def warning(*reads: str) -> Callable[[Check], Rule]:
+    """Decorator: ``check`` warns (the setting is honoured but has no effect or is hazardous)."""
+    return lambda check: Rule(check, "warning", reads)
+
+
+def objective_family(config: PosttrainConfig) -> Literal["grpo", "opd"]:
+    """``opd`` when ``job.algorithm`` starts with "opd", else ``grpo``."""
+    return "opd" if config.job.algorithm.startswith("opd") else "grpo"
+
+
+def changed(section: object, *names: str) -> list[str]:
+    """``section.name=value`` for each of ``names`` that differs from its default."""
+    prefix = section.section_name  # type: ignore[attr-defined]
+    return [
+        f"{prefix}.{n}={getattr(section, n)}"
+        for n in names
+        if not section.is_default(n)  # type: ignore[attr-defined]
+    ]
+
+
+def are(knobs: list[str]) -> str:
+    """``"a=1 is"`` or ``"a=1, b=2 are"``: the subject of a "never read" message."""
+    return f"{', '.join(knobs)} {'is' if len(knobs) == 1 else 'are'}"

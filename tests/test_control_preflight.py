@@ -1,0 +1,179 @@
+"""Preflight: every rule's failing and passing side, and run_preflight's aggregation."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from posttrain.config import ConfigError, PosttrainConfig, RolloutConfig, all_keys, apply_overrides
+from posttrain.control import RULES, PreflightError, objective_family, run_preflight
+from posttrain.control.inert import TOKEN_SCALE_EPSILON
+
+LEGACY = ["rl.grpo_surrogate=legacy_pg"]
+SEQ = ["rl.importance_sampling_level=sequence"]
+GSPO = [
+    *SEQ,
+    "rl.epsilon_low=3e-4",
+    "rl.epsilon_high=4e-4",
+    "rl.loss_type=seq-mean-token-mean",
+    "rl.mini_batch_per_replica=2",
+]
+OPD = ["job.algorithm=opd"]
+JSONL = ["data.task=jsonl", "data.train_path=train.jsonl", "data.val_path=val.jsonl"]
+
+# rule name -> (overrides that trip it, a fragment of its message, overrides one step away that
+# satisfy it)
+CASES: list[tuple[str, list[str], str, list[str]]] = [
+    ("clipped_temperature_match", ["rollout.temperature=0.7"], "rl.temperature == rollout",
+     ["rollout.temperature=0.7", "rl.temperature=0.7"]),
+    ("clipped_temperature_match", ["rl.temperature=2"], "got 2.0 and 1.0", []),
+    ("legacy_pg_rollout_temperature", [*LEGACY, "rollout.temperature=0.7"],
+     "rollout.temperature must be 1.0 (got 0.7)", LEGACY),
+    ("legacy_pg_rl_temperature", [*LEGACY, "rl.temperature=0.7"],
+     "rl.temperature=0.7 is never read by rl.grpo_surrogate=legacy_pg", LEGACY),
+    ("legacy_pg_clip_knobs", [*LEGACY, "rl.epsilon_low=0.1"], "rl.epsilon_low=0.1 is never",
+     LEGACY),
+    ("legacy_pg_clip_knobs", [*LEGACY, "rl.epsilon_high=0.28"], "rl.epsilon_high=0.28", LEGACY),
+    ("legacy_pg_clip_knobs", [*LEGACY, "rl.lower_bound_ratio=3"], "rl.lower_bound_ratio=3.0",
+     ["rl.lower_bound_ratio=3"]),
+    ("legacy_pg_clip_knobs", [*LEGACY, "rl.loss_type=seq-mean-token-sum", "rl.epsilon_low=0.1"],
+     "rl.epsilon_low=0.1, rl.loss_type=seq-mean-token-sum are never read",
+     ["rl.loss_type=seq-mean-token-sum"]),
+    ("kl_beta_without_kl_term", [*LEGACY, "rl.kl_beta=0.1"], "rl.kl_beta=0.1 is never read",
+     ["rl.kl_beta=0.1"]),
+    ("legacy_pg_sequence_level", [*LEGACY, *SEQ], "rl.importance_sampling_level=sequence is never",
+     SEQ),
+    ("sequence_level_dual_clip", [*GSPO, "rl.lower_bound_ratio=3"], "lower_bound_ratio=3.0 (dual",
+     ["rl.lower_bound_ratio=3"]),
+    ("sequence_level_per_token_advantages", [*OPD, *GSPO], "not supported by job.algorithm=opd",
+     GSPO),
+    ("sequence_level_per_token_advantages", ["job.algorithm=opd_direct", *SEQ],
+     "its signal is per token", ["job.algorithm=opd_direct"]),
+    ("advantage_eps_unread", ["rl.unbiased_advantage=true", "rl.advantage_eps=1e-4"],
+     "rl.advantage_eps=0.0001 is never read", ["rl.advantage_eps=1e-4"]),
+    ("distillation_mode_without_opd", ["rl.distillation_mode=direct"],
+     "rl.distillation_mode=direct is read only by OPD", [*OPD, "rl.distillation_mode=direct"]),
+    ("jsonl_needs_train_path", ["data.task=jsonl", "rl.eval_every=0"], "needs data.train_path",
+     ["data.task=jsonl", "rl.eval_every=0", "data.train_path=t.jsonl"]),
+    ("data_paths_need_jsonl", ["data.val_path=v.jsonl"], "data.val_path=v.jsonl is never read",
+     JSONL),
+    ("reasoning_gym_dataset_needs_task", ["data.reasoning_gym_dataset=chain_sum"],
+     "data.reasoning_gym_dataset=chain_sum never read by data.task=arithmetic",
+     ["data.task=reasoning_gym", "data.reasoning_gym_dataset=chain_sum"]),
+    ("arithmetic_knobs_need_task", [*JSONL, "data.digits=2", "data.operators=+-"],
+     "data.digits=2, data.operators=+- are never read by data.task=jsonl", ["data.digits=2"]),
+    ("eval_needs_validation_data", ["data.val_size=0"], "rl.eval_every=25 needs data.val_size",
+     ["data.val_size=0", "rl.eval_every=0"]),
+    ("eval_needs_validation_data", JSONL[:2], "needs data.val_path", JSONL),
+    ("batch_covers_updates",
+     ["data.prompts_per_step=1", "rollout.n=2", "placement.policy_ranks=2",
+      "rl.mini_batch_per_replica=2"],
+     "2 responses, fewer than placement.policy_ranks*rl.mini_batch_per_replica=4",
+     ["data.prompts_per_step=2", "rollout.n=2", "placement.policy_ranks=2",
+      "rl.mini_batch_per_replica=2"]),
+    ("ray_knobs_need_ray", ["placement.gpus_per_role=1"], "placement.gpus_per_role=1.0 is never",
+     ["placement.gpus_per_role=1", "placement.backend=ray"]),
+    ("ray_knobs_need_ray", ["placement.ray_address=head:6379"], "placement.ray_address=head:6379",
+     ["placement.ray_address=head:6379", "placement.backend=ray"]),
+    ("wandb_knobs_need_wandb", ["logging.wandb_mode=online"], "logging.wandb_mode=online is never",
+     ["logging.wandb_mode=online", "logging.wandb=true"]),
+    # warnings
+    ("top_p_truncates_sampling", ["rollout.top_p=0.9"], "rollout.top_p=0.9: responses come from",
+     ["rollout.top_p=1"]),
+    ("sequence_level_on_policy_ratio", [*GSPO, "rl.mini_batch_per_replica=1"],
+     "rl.mini_batch_per_replica=1: every update is on-policy", GSPO),
+    ("sequence_level_token_scale_epsilons", [*GSPO, "rl.epsilon_high=0.28"],
+     "rl.epsilon_low=0.0003, rl.epsilon_high=0.28 are token-scale", GSPO),
+    ("sequence_level_token_scale_epsilons", [*GSPO, f"rl.epsilon_low={TOKEN_SCALE_EPSILON}"],
+     "token-scale", [*GSPO, f"rl.epsilon_low={TOKEN_SCALE_EPSILON / 2}"]),
+    ("sequence_level_bf16_logprobs", [*GSPO, "model.dtype=bfloat16"], "model.dtype=bfloat16 at",
+     ["model.dtype=bfloat16"]),
+    ("sequence_level_length_weighting", [*GSPO, "rl.loss_type=seq-mean-token-sum-fixed"],
+     "rl.loss_type=seq-mean-token-sum-fixed at rl.importance_sampling_level=sequence",
+     ["rl.loss_type=seq-mean-token-sum-fixed"]),
+    ("sequence_level_length_weighting", [*GSPO, "rl.loss_type=seq-mean-token-sum"],
+     "weights responses by length", [*GSPO, "rl.loss_type=token-mean"]),
+    ("opd_direct_ignores_reward", [*OPD, "rl.distillation_mode=direct"],
+     "task reward and group advantage are not training signals", OPD),
+]  # fmt: skip
+
+_RULES = {r.name: r for r in RULES}
+
+
+def _cfg(opts: list[str]) -> PosttrainConfig:
+    return apply_overrides(PosttrainConfig(), opts)
+
+
+def test_every_rule_has_cases_and_reads_real_keys():
+    # max_tokens_positive_int needs an unvalidated config; it has its own tests below.
+    assert {c[0] for c in CASES} | {"max_tokens_positive_int"} == set(_RULES)
+    assert len(_RULES) == len(RULES)
+    keys = set(all_keys())
+    for rule in RULES:
+        assert rule.reads and set(rule.reads) <= keys, rule.name
+        assert rule.doc and rule.severity in ("error", "warning")
+
+
+@pytest.mark.parametrize(("name", "bad", "fragment", "good"), CASES)
+def test_rule_failing_and_passing_side(name, bad, fragment, good):
+    rule = _RULES[name]
+    message = rule.check(_cfg(bad))
+    assert message is not None and fragment in message, message
+    assert rule.check(_cfg(good)) is None
+    if rule.severity == "error":
+        with pytest.raises(PreflightError) as info:
+            run_preflight(_cfg(bad))
+        assert message in info.value.violations and "\n" not in str(info.value)
+    else:
+        assert message in run_preflight(_cfg(bad))
+
+
+def test_defaults_and_clean_gspo_pass_without_warnings():
+    assert run_preflight(PosttrainConfig()) == []
+    assert run_preflight(_cfg(GSPO)) == []
+    assert run_preflight(_cfg(JSONL)) == []
+
+
+@pytest.mark.parametrize("value", [True, 2.5, 0, -1])
+def test_max_tokens_backstop_catches_unvalidated_values(value):
+    cfg = PosttrainConfig()
+    cfg.rollout = RolloutConfig.model_construct(max_tokens=value)
+    with pytest.raises(PreflightError, match="rollout.max_tokens must be a positive integer"):
+        run_preflight(cfg)
+
+
+def test_max_tokens_backstop_passes_valid_value():
+    assert _RULES["max_tokens_positive_int"].check(PosttrainConfig()) is None
+
+
+def test_all_violations_are_reported_in_one_line():
+    cfg = _cfg([*LEGACY, "rl.epsilon_low=0.1", "rl.kl_beta=0.5", "rollout.temperature=0.5"])
+    with pytest.raises(PreflightError) as info:
+        run_preflight(cfg)
+    assert len(info.value.violations) == 3
+    assert isinstance(info.value, ConfigError)
+    text = str(info.value)
+    assert text.startswith("preflight: ") and "\n" not in text
+    assert all(v in text for v in info.value.violations)
+
+
+def test_preflight_error_pickles_with_its_violations():
+    error = PreflightError(["a=1 is never read", "b=2 is never read"])
+    copy = pickle.loads(pickle.dumps(error))
+    assert copy.violations == error.violations and str(copy) == str(error)
+
+
+def test_warnings_are_returned_once_in_rule_order():
+    cfg = _cfg([*SEQ, "model.dtype=bfloat16"])
+    warnings = run_preflight(cfg)
+    assert len(warnings) == len(set(warnings)) == 3
+    assert warnings[0].startswith("rl.importance_sampling_level=sequence with")
+    assert run_preflight(cfg) == warnings
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "family"), [("grpo", "grpo"), ("gspo", "grpo"), ("opd", "opd"), ("opd_x", "opd")]
+)
+def test_objective_family(algorithm, family):
+    assert objective_family(_cfg([f"job.algorithm={algorithm}"])) == family
