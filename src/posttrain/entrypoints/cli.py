@@ -26,6 +26,8 @@ from posttrain.control import run_preflight
 
 #: Exit status for a user error in the config or the overrides.
 EXIT_CONFIG_ERROR = 2
+#: Exit status for another user error (a reward function that raises, a bad data row, ...).
+EXIT_RUN_ERROR = 1
 
 
 def config_show(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -55,8 +57,56 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(handler=config_show)
 
 
+def grpo_train(args: argparse.Namespace, overrides: list[str]) -> int:
+    from posttrain.entrypoints.grpo import train_from_cli
+
+    return train_from_cli(args.config, overrides)
+
+
+def _add_grpo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("grpo", help="train with a GRPO-family objective")
+    p.add_argument("--config", required=True, metavar="RECIPE",
+                   help="recipe .py file, saved .yaml/.json config, or built-in recipe name")  # fmt: skip
+    p.set_defaults(handler=grpo_train)
+
+
+def plot(args: argparse.Namespace, overrides: list[str]) -> int:
+    from posttrain.metrics.plot import plot_run
+
+    print(plot_run(args.run_dir, args.out))
+    return 0
+
+
+def _add_plot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot", help="render reward, accuracy and loss curves of a run to PNG")
+    p.add_argument("run_dir", metavar="OUT_DIR", help="a run directory (holds metrics.jsonl)")
+    p.add_argument("--out", default=None, help="PNG path (default OUT_DIR/curves.png)")
+    p.set_defaults(handler=plot)
+
+
 #: Subcommand registrars, in help order.
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_config]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_config, _add_grpo, _add_plot]
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors caused by input a user controls: reported in one line, never with a traceback."""
+    from posttrain.data.tasks import TaskDataError
+    from posttrain.reward import RewardError
+    from posttrain.trainer import TrainerError
+
+    return (RewardError, TaskDataError, TrainerError, FileNotFoundError)
+
+
+def run_guarded(fn: Callable[[], int]) -> int:
+    """Run ``fn``; a config error exits 2, another user error exits 1, each as one line."""
+    try:
+        return fn()
+    except ConfigError as e:
+        print(f"posttrain: error: {e}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    except user_errors() as e:
+        print(f"posttrain: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_RUN_ERROR
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,11 +133,7 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     args_part, overrides = split_argv(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(args_part)
-    try:
-        return args.handler(args, overrides)
-    except ConfigError as e:
-        print(f"posttrain: error: {e}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+    return run_guarded(lambda: args.handler(args, overrides))
 
 
 if __name__ == "__main__":

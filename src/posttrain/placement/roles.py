@@ -1,0 +1,181 @@
+"""The roles of an online RL run, as plain classes with plain methods.
+
+Each role rebuilds the resolved config from ``config_path`` plus the override list, so a role
+placed in another process (a Ray actor) sees exactly what the driver resolved, never a pickled
+driver object. ``placement.local`` instantiates them in-process; ``placement.ray`` wraps the same
+classes as actors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from posttrain.config import PosttrainConfig, load_config, to_dict
+from posttrain.config.build import objective_context
+from posttrain.data.tasks import TaskItem
+from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.model.loading import load_policy
+from posttrain.reward import RewardStage
+from posttrain.rollout import Rollout, TorchRolloutEngine
+from posttrain.trainer import CheckpointManager, LLMTrainer, ResumeState
+
+ObjectiveBuilder = Callable[[Any, Any], Any]
+
+
+def resolve(config_path: str, opts: Sequence[str]) -> PosttrainConfig:
+    return load_config(config_path, ["--", *opts])
+
+
+def mean_metrics(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Average per-mini-batch metrics into one record for the step."""
+    keys = {k for r in rows for k in r}
+    return {k: sum(float(r[k]) for r in rows if k in r) / sum(k in r for r in rows) for k in keys}
+
+
+class PolicyRole:
+    """Owns the policy model, its objective, the trainer and checkpoints (one data-parallel rank)."""
+
+    def __init__(
+        self,
+        config_path: str,
+        opts: Sequence[str],
+        build_objective_fn: ObjectiveBuilder,
+        run_dir: str,
+        device: str | None = None,
+    ) -> None:
+        self.config = cfg = resolve(config_path, opts)
+        # Master weights stay float32; model.dtype=bfloat16 becomes bf16 autocast in the trainer.
+        self.model, self.tokenizer = load_policy(
+            cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", device
+        )
+        reference = None
+        if cfg.rl.kl_beta > 0:
+            reference, _ = load_policy(cfg.model.name_or_path, None, cfg.model.dtype, device)
+        self.objective = build_objective_fn(cfg.rl, objective_context(cfg, reference))
+        rl = cfg.rl
+        self.trainer = LLMTrainer(
+            self.model,
+            self.objective,
+            lr=rl.lr,
+            micro_batch_size=rl.micro_batch_size,
+            optimizer=rl.optimizer,
+            weight_decay=rl.weight_decay,
+            grad_clip=rl.grad_clip,
+            precision=cfg.model.dtype,
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+            max_consecutive_nonfinite=rl.max_consecutive_nonfinite,
+            certified_deterministic_forward=cfg.model.certified_deterministic_forward,
+            auxiliary_models=() if reference is None else (reference,),
+            device=device,
+        )
+        self.checkpoints = CheckpointManager(
+            Path(run_dir) / "checkpoints", keep_last=cfg.checkpoint.keep_last
+        )
+
+    def objective_identity(self) -> dict[str, Any]:
+        return dict(self.objective.identity)
+
+    def resume(self) -> ResumeState | None:
+        return self.checkpoints.resume(
+            self.trainer, mode=self.config.rl.resume, config=to_dict(self.config)
+        )
+
+    def train(self, batch: TrajectoryBatch) -> dict[str, float]:
+        rows = self.trainer.train_on_batch(
+            batch, mini_batches=self.config.rl.mini_batch_per_replica
+        )
+        return mean_metrics(rows)
+
+    def weights(self) -> dict[str, Tensor]:
+        """The policy's parameters for weight sync (CPU tensors: they travel between processes)."""
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def save(self, step: int, data_state: Mapping[str, Any]) -> str:
+        path = self.checkpoints.save(
+            step, self.trainer, config=to_dict(self.config), data_state=dict(data_state),
+            tokenizer=self.tokenizer,
+        )  # fmt: skip
+        return str(path)
+
+
+class RolloutRole:
+    """Samples responses. Given ``model``, it samples with that very module (in-process sharing:
+    weight sync then copies nothing); otherwise it loads its own copy from the config."""
+
+    def __init__(self, config_path: str, opts: Sequence[str], model: nn.Module | None = None):
+        self.config = cfg = resolve(config_path, opts)
+        if model is None:
+            model, tokenizer = load_policy(
+                cfg.model.name_or_path, cfg.model.tokenizer_path, cfg.model.dtype
+            )
+        else:
+            tokenizer = _load_tokenizer(cfg)
+        self.tokenizer = tokenizer
+        self.engine = TorchRolloutEngine(model, tokenizer)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int,
+        temperature: float,
+        seed: int,
+        group_id_offset: int = 0,
+        sample_id_offset: int = 0,
+    ) -> Rollout:
+        r = self.config.rollout
+        return self.engine.generate(
+            prompts, n=n, temperature=temperature, top_p=r.top_p if temperature > 0 else 1.0,
+            max_tokens=r.max_tokens, seed=seed, group_id_offset=group_id_offset,
+            sample_id_offset=sample_id_offset,
+        )  # fmt: skip
+
+    def sync(self, weights: nn.Module | Mapping[str, Tensor]) -> int:
+        self.engine.sync_weights(weights)
+        return self.engine.weight_version
+
+
+class RewardRole:
+    """Scores complete groups and annotates advantages before dispatch."""
+
+    def __init__(self, config_path: str, opts: Sequence[str]) -> None:
+        cfg = resolve(config_path, opts)
+        rw = cfg.reward
+        self.stage = RewardStage(
+            verifier=rw.verifier,
+            format_weight=rw.format_weight,
+            functions=list(rw.functions),
+            group_size=cfg.rollout.n,
+            unbiased_advantage=cfg.rl.unbiased_advantage,
+            advantage_eps=cfg.rl.advantage_eps,
+            shared_prefix_mask=rw.shared_prefix_mask,
+            dtype=_float_dtype(cfg.model.dtype),
+        )
+
+    def score(
+        self, rollout: Rollout, items: Sequence[TaskItem]
+    ) -> tuple[TrajectoryBatch, dict[str, float]]:
+        rows = [items[i] for i in rollout.prompt_index.tolist()]
+        result = self.stage(rollout.batch, list(rollout.texts), rows, truncated=rollout.truncated)
+        return result.batch, result.metrics
+
+    def evaluate(self, completions: Sequence[str], items: Sequence[TaskItem]):
+        return self.stage.evaluate(list(completions), list(items)), self.stage.score(
+            list(completions), list(items)
+        )
+
+
+def _load_tokenizer(cfg: PosttrainConfig):
+    from posttrain.model.loading import load_tokenizer
+
+    return load_tokenizer(cfg.model.tokenizer_path or cfg.model.name_or_path)
+
+
+def _float_dtype(name: str) -> torch.dtype:
+    # Advantages stay float32 even for a bf16 policy: they are loss coefficients, not activations.
+    return torch.float32 if name == "bfloat16" else getattr(torch, name)
