@@ -47,7 +47,11 @@ class TorchRolloutEngine:
     ``model`` may be the policy module itself: then ``sync_weights(policy)`` copies nothing, since
     the engine already samples with the updated parameters. ``stop_token_ids`` default to the
     tokenizer's and the model's EOS ids; ``max_rows`` bounds the rows (prompts x n) decoded at
-    once, to cap KV-cache memory.
+    once, to cap KV-cache memory (a chunk holds at least one prompt's ``n`` rows).
+
+    Reproducibility: one random stream serves the whole call, so a sample depends on the seed,
+    the prompts, the weights and ``max_rows`` (which fixes the chunking), not only on its own
+    prompt.
     """
 
     def __init__(
