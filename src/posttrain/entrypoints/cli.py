@@ -84,8 +84,21 @@ def _add_plot(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=plot)
 
 
+def _add_model(sub: argparse._SubParsersAction) -> None:
+    from posttrain.model.cli import add_subcommands, dispatch
+
+    p = sub.add_parser("model", help="build a tiny model or import SmolLM2 from GGUF")
+    add_subcommands(p.add_subparsers(dest="model_command", required=True, metavar="ACTION"))
+    p.set_defaults(handler=lambda args, overrides: dispatch(args))
+
+
 #: Subcommand registrars, in help order.
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_config, _add_grpo, _add_plot]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_config,
+    _add_grpo,
+    _add_model,
+    _add_plot,
+]
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

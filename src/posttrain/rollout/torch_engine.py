@@ -1,0 +1,254 @@
+"""The built-in rollout engine: batched sampling on torch with the model's own KV cache.
+
+Each chunk of prompts is prefilled once (one row per distinct prompt), the cache is then
+repeated ``n`` times, and decoding runs one batched forward per generated token. Rows that hit a
+stop token are dropped from the cache once they make up an eighth of it, so long-tailed lengths do
+not keep paying for finished rows. Left padding is exact: every forward gets the attention mask and
+explicit position ids that skip the padding, as ``data.logprobs.response_logprobs`` does.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from posttrain.data.logprobs import position_ids_from_mask
+from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.rollout.base import Rollout
+from posttrain.rollout.kv_cache import rollout_cache
+from posttrain.rollout.sampling import check_sampling_args, sample_tokens
+
+
+def _as_id_list(value) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """``(ids, attention_mask)`` of shape ``[len(prompts), longest]``, padding on the left."""
+    p = max(len(x) for x in prompts)
+    ids = torch.full((len(prompts), p), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), p), dtype=torch.long)
+    for i, x in enumerate(prompts):
+        ids[i, p - len(x) :] = torch.as_tensor(x)
+        mask[i, p - len(x) :] = 1
+    return ids, mask
+
+
+class TorchRolloutEngine:
+    """Samples with an HF causal LM in this process (implements ``RolloutEngine``).
+
+    ``model`` may be the policy module itself: then ``sync_weights(policy)`` copies nothing, since
+    the engine already samples with the updated parameters. ``stop_token_ids`` default to the
+    tokenizer's and the model's EOS ids; ``max_rows`` bounds the rows (prompts x n) decoded at
+    once, to cap KV-cache memory (a chunk holds at least one prompt's ``n`` rows).
+
+    Reproducibility: one random stream serves the whole call, so a sample depends on the seed,
+    the prompts, the weights and ``max_rows`` (which fixes the chunking), not only on its own
+    prompt.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer=None,
+        *,
+        stop_token_ids: Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        max_rows: int | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        config = model.config
+        if stop_token_ids is None:
+            ids = _as_id_list(getattr(tokenizer, "eos_token_id", None))
+            gen = getattr(model, "generation_config", None)
+            ids += _as_id_list(getattr(gen, "eos_token_id", None))
+            ids += _as_id_list(getattr(config, "eos_token_id", None))
+            if not ids:
+                raise ValueError(
+                    "no EOS token id found on the tokenizer or model config; pass "
+                    "stop_token_ids explicitly (an empty list samples to max_tokens)"
+                )
+            stop_token_ids = ids
+        self.stop_token_ids = tuple(dict.fromkeys(int(i) for i in stop_token_ids))
+        if pad_token_id is None:
+            pad_token_id = getattr(tokenizer, "pad_token_id", None)
+        if pad_token_id is None:
+            pad_token_id = getattr(config, "pad_token_id", None)
+        if pad_token_id is None:
+            pad_token_id = self.stop_token_ids[0] if self.stop_token_ids else 0
+        self.pad_token_id = int(pad_token_id)
+        if max_rows is not None and max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self.max_rows = max_rows
+        self.weight_version = 0
+        # transformers 5 calls the cache keyword ``cache``; 4.x called it ``past_key_values``
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def sync_weights(self, source: nn.Module | Mapping[str, Tensor]) -> None:
+        """Take the policy's weights after an update (a module or its state dict).
+
+        The engine's module is the policy module: nothing to copy. Otherwise the weights are
+        copied with a strict ``load_state_dict`` (names must match, e.g. no ``module.`` prefix).
+        """
+        if source is not self.model:
+            state = source.state_dict() if isinstance(source, nn.Module) else source
+            self.model.load_state_dict(state, strict=True)
+        self.weight_version += 1
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_tokens: int,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        group_ids: Sequence[int] | None = None,
+        group_id_offset: int = 0,
+        sample_id_offset: int = 0,
+    ) -> Rollout:
+        """Sample ``n`` responses per prompt; see ``RolloutEngine.generate``.
+
+        Randomness: ``generator`` if given, else a fresh one seeded with ``seed``, else torch's
+        global generator. Logprobs follow ``rollout.sampling`` (top-p renormalised, greedy = 0).
+        """
+        prompts = self._check(
+            prompts, n, temperature, top_p, max_tokens, group_ids, group_id_offset
+        )
+        if generator is None and seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        per_chunk = len(prompts) if self.max_rows is None else max(1, self.max_rows // n)
+        toks, lps, lens, stopped = [], [], [], []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for start in range(0, len(prompts), per_chunk):
+                    chunk = prompts[start : start + per_chunk]
+                    out = self._generate_chunk(chunk, n, temperature, top_p, max_tokens, generator)
+                    for lst, val in zip((toks, lps, lens, stopped), out, strict=True):
+                        lst.append(val)
+        finally:
+            self.model.train(was_training)
+        lengths = torch.cat(lens)
+        r = int(lengths.max())
+        tokens = torch.cat([t[:, :r] for t in toks])
+        logprobs = torch.cat([lp[:, :r] for lp in lps])
+        if group_ids is None:
+            gid = torch.arange(len(prompts), dtype=torch.int64) + group_id_offset
+        else:
+            gid = torch.as_tensor([int(g) for g in group_ids], dtype=torch.int64)
+        stop = torch.cat(stopped)
+        return self._assemble(prompts, n, tokens, logprobs, lengths, stop, gid, sample_id_offset)
+
+    def _check(self, prompts, n, temperature, top_p, max_tokens, group_ids, group_id_offset):
+        check_sampling_args(temperature, top_p)
+        for name, v in (("n", n), ("max_tokens", max_tokens)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"rollout.{name} must be a positive integer, got {v!r}")
+        if len(prompts) == 0:
+            raise ValueError("generate: no prompts given")
+        vocab = int(self.model.config.vocab_size)
+        out = []
+        for i, p in enumerate(prompts):
+            ids = [int(t) for t in p]
+            if not ids:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+            if min(ids) < 0 or max(ids) >= vocab:
+                raise ValueError(f"prompt {i} has token ids outside [0, {vocab}); wrong tokenizer?")
+            out.append(ids)
+        if group_ids is not None and len(group_ids) != len(prompts):
+            raise ValueError(f"group_ids has {len(group_ids)} entries for {len(prompts)} prompts")
+        if group_ids is not None and group_id_offset:
+            raise ValueError("pass either group_ids or group_id_offset, not both")
+        return out
+
+    def _forward(self, ids: Tensor, mask: Tensor, pos: Tensor, cache) -> Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kw: cache},
+        )
+        return out.logits[:, -1]
+
+    def _generate_chunk(self, prompts, n, temperature, top_p, max_tokens, generator):
+        dev = self.device
+        k, p = len(prompts), max(len(x) for x in prompts)
+        ids, mask = (t.to(dev) for t in _left_pad(prompts, self.pad_token_id))
+        cache = rollout_cache(self.model.config, p + max_tokens)
+        logits = self._forward(ids, mask, position_ids_from_mask(mask), cache)
+        next_pos = mask.sum(-1)
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits, mask, next_pos = (t.repeat_interleave(n, 0) for t in (logits, mask, next_pos))
+        rows = k * n
+        lp_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        out_tok = torch.full((rows, max_tokens), self.pad_token_id, dtype=torch.long, device=dev)
+        out_lp = torch.zeros((rows, max_tokens), dtype=lp_dtype, device=dev)
+        lengths = torch.full((rows,), max_tokens, dtype=torch.long, device=dev)
+        stopped = torch.zeros(rows, dtype=torch.bool, device=dev)
+        stop_ids = torch.as_tensor(self.stop_token_ids, dtype=torch.long, device=dev)
+        alive = torch.arange(rows, device=dev)  # original row of each cache row
+        done = torch.zeros(rows, dtype=torch.bool, device=dev)
+        for t in range(max_tokens):
+            tok, lp = sample_tokens(logits, temperature, top_p, generator)
+            out_tok[alive, t] = torch.where(done, self.pad_token_id, tok)
+            out_lp[alive, t] = torch.where(done, 0.0, lp.to(lp_dtype))
+            hit = torch.isin(tok, stop_ids) & ~done
+            lengths[alive] = torch.where(hit, t + 1, lengths[alive])
+            stopped[alive] |= hit
+            done |= hit
+            n_done = int(done.sum())
+            if n_done == done.numel() or t == max_tokens - 1:
+                break
+            if n_done * 8 >= done.numel():
+                keep = (~done).nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                alive, tok, mask, next_pos, done = (
+                    x[keep] for x in (alive, tok, mask, next_pos, done)
+                )
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            logits = self._forward(tok[:, None], mask, next_pos[:, None], cache)
+            next_pos = next_pos + 1
+        return out_tok, out_lp, lengths, stopped
+
+    def _assemble(self, prompts, n, tokens, logprobs, lengths, stopped, gid, sample_id_offset):
+        b, r = tokens.shape
+        prompt_ids, prompt_mask = _left_pad(prompts, self.pad_token_id)
+        tokens, logprobs, lengths, stopped = (x.cpu() for x in (tokens, logprobs, lengths, stopped))
+        response_mask = torch.arange(r)[None, :] < lengths[:, None]
+        input_ids = torch.cat([prompt_ids.repeat_interleave(n, 0), tokens], dim=1)
+        attention_mask = torch.cat([prompt_mask.repeat_interleave(n, 0), response_mask.long()], 1)
+        batch = TrajectoryBatch(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            response_mask=response_mask,
+            group_ids=gid.repeat_interleave(n),
+            sample_ids=torch.arange(b, dtype=torch.int64) + sample_id_offset,
+            rollout_logprobs=logprobs,
+        )
+        texts = None
+        if self.tokenizer is not None:
+            seqs = [
+                row[:length].tolist() for row, length in zip(tokens, lengths.tolist(), strict=True)
+            ]
+            texts = tuple(self.tokenizer.batch_decode(seqs, skip_special_tokens=True))
+        return Rollout(batch=batch, truncated=~stopped, texts=texts, n=n)
