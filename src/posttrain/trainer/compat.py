@@ -1,0 +1,93 @@
+"""Which differences between a checkpoint's run and the resuming run are allowed.
+
+Configs are compared as flat dotted keys (``rl.max_steps``). A key may differ on resume only if it
+matches one of the ``allowed`` glob patterns; the defaults cover how long the run goes, how often
+it saves, evaluates and logs, and the resume mode itself, none of which changes the math of the
+steps already taken or still to take. Anything else (learning rate, loss type, model, seed, data)
+would continue a different experiment under the same name, so it is refused. The objective
+identity must match exactly: it is what defines the algorithm.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from posttrain.trainer.errors import ResumeError
+
+#: Config keys that may change between a checkpoint and the run resuming from it.
+RESUME_MUTABLE_KEYS: tuple[str, ...] = (
+    "rl.max_steps",
+    "rl.save_every",
+    "rl.resume",
+    "rl.val_every",
+    "checkpoint.resume",
+    "checkpoint.keep_last",
+    "checkpoint.save_every",
+    "logging.*",
+    "validation.every",
+)
+
+_MISSING = object()
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"rl": {"lr": 1}} -> {"rl.lr": 1}``; lists and scalars are leaves."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def differing_keys(
+    saved: Mapping[str, Any], current: Mapping[str, Any], allowed: Iterable[str] = ()
+) -> list[str]:
+    """Dotted keys whose values differ (or exist on one side only), minus ``allowed`` patterns."""
+    a, b = flatten(saved), flatten(current)
+    patterns = tuple(allowed)
+    keys = sorted(set(a) | set(b))
+    return [
+        k
+        for k in keys
+        if a.get(k, _MISSING) != b.get(k, _MISSING)
+        and not any(fnmatch.fnmatchcase(k, p) for p in patterns)
+    ]
+
+
+def _describe(saved: Mapping[str, Any], current: Mapping[str, Any], keys: list[str]) -> str:
+    a, b = flatten(saved), flatten(current)
+    parts = []
+    for k in keys[:10]:
+        parts.append(f"{k}: checkpoint={a.get(k, '<absent>')!r} now={b.get(k, '<absent>')!r}")
+    more = f" (+{len(keys) - 10} more)" if len(keys) > 10 else ""
+    return "; ".join(parts) + more
+
+
+def check_resume_compatible(
+    where: str,
+    saved_identity: Mapping[str, Any],
+    identity: Mapping[str, Any],
+    saved_config: Mapping[str, Any],
+    config: Mapping[str, Any],
+    allowed: Iterable[str] = RESUME_MUTABLE_KEYS,
+) -> None:
+    """Raise :class:`ResumeError` naming every differing identity or config key."""
+    ident = differing_keys(saved_identity, identity)
+    if ident:
+        raise ResumeError(
+            f"refusing to resume from {where}: the objective identity differs in {ident} "
+            f"({_describe(saved_identity, identity, ident)}); this is a different algorithm, "
+            "so start it under a new job.name"
+        )
+    cfg = differing_keys(saved_config, config, allowed)
+    if cfg:
+        raise ResumeError(
+            f"refusing to resume from {where}: the resolved config differs in {cfg} "
+            f"({_describe(saved_config, config, cfg)}); only {list(allowed)} may change on "
+            "resume. Restore those values or start a new job.name"
+        )

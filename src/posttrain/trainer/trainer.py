@@ -1,0 +1,326 @@
+"""LLMTrainer: placement, optimizer, precision, exact accumulation and π_old for one policy.
+
+The trainer owns everything around the loss and nothing inside it: the objective computes
+``(loss, metrics)`` for a chunk of rows; the trainer decides how chunks and ranks combine
+(``accumulate.py``), when π_old is frozen (``pi_old.py``), and what an optimizer step is.
+
+Usage::
+
+    trainer = LLMTrainer(model, objective, lr=1e-6, micro_batch_size=4)
+    metrics = trainer.train_on_batch(collected, mini_batches=2)  # one dict per optimizer step
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from posttrain.algorithm.primitives.objective import Objective, ObjectiveContractError, Reduction
+from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.trainer import distributed as dp
+from posttrain.trainer.accumulate import accumulate_gradients, row_chunks, split_evenly
+from posttrain.trainer.errors import NonFiniteTrainingError
+from posttrain.trainer.optim import build_optimizer, build_scheduler
+from posttrain.trainer.pi_old import PiOldGuard
+
+PRECISIONS = ("float32", "bfloat16")
+
+
+class LLMTrainer:
+    """Trains one policy model with one :class:`Objective`.
+
+    ``precision="float32"`` computes in the parameters' own dtype (no autocast; tests use
+    float64 models); ``"bfloat16"`` runs forwards under bf16 autocast with full-precision master
+    weights. ``auxiliary_models`` (e.g. the frozen reference behind a ``ReferenceScorer``) are
+    moved to the trainer's device, put in eval mode and frozen; they are never optimised.
+    ``max_consecutive_nonfinite`` consecutive skipped steps stop the run.
+    ``certified_deterministic_forward`` claims that scoring the same rows twice is bit-identical:
+    π_old is then captured in exactly the micro-batches of the first update and the claim is
+    checked once per collected batch, so the first update's importance ratio is exactly 1.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        objective: Objective,
+        *,
+        lr: float,
+        micro_batch_size: int,
+        optimizer: str = "adamw",
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        grad_clip: float = 0.0,
+        lr_schedule: str = "constant",
+        warmup_steps: int = 0,
+        total_steps: int | None = None,
+        precision: str = "float32",
+        gradient_checkpointing: bool = False,
+        max_consecutive_nonfinite: int = 3,
+        certified_deterministic_forward: bool = False,
+        auxiliary_models: Sequence[nn.Module] = (),
+        device: torch.device | str | None = None,
+    ) -> None:
+        if not isinstance(objective, Objective):
+            raise TypeError(
+                f"objective must be a posttrain Objective, got {type(objective).__name__}"
+            )
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if grad_clip < 0:
+            raise ValueError(f"grad_clip must be >= 0 (0 disables clipping), got {grad_clip}")
+        if max_consecutive_nonfinite < 1:
+            raise ValueError(
+                f"max_consecutive_nonfinite must be >= 1, got {max_consecutive_nonfinite}"
+            )
+        self.device = torch.device(device) if device is not None else _module_device(model)
+        self.model = model.to(self.device)
+        self.model.train()
+        self.objective = objective
+        self.micro_batch_size = micro_batch_size
+        self.grad_clip = grad_clip
+        self.precision = precision
+        self.max_consecutive_nonfinite = max_consecutive_nonfinite
+        self.certified_deterministic_forward = certified_deterministic_forward
+        self.auxiliary_models = tuple(auxiliary_models)
+        self._place_auxiliary()
+        if gradient_checkpointing:
+            _enable_gradient_checkpointing(model)
+        dp.broadcast_module_(self.model)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the policy model has no parameters with requires_grad=True")
+        self.optimizer = build_optimizer(self.params, optimizer, lr, weight_decay, betas, eps)
+        self.scheduler = build_scheduler(self.optimizer, lr_schedule, warmup_steps, total_steps)
+        self.pi_old = PiOldGuard(objective.old_logp_cache)
+        self.global_step = 0
+        self.consecutive_nonfinite = 0
+        self.skipped_nonfinite_total = 0
+        self.skipped_empty_total = 0
+        self._warned_unequal_mean = False
+
+    # -- placement -------------------------------------------------------------------------
+    def _place_auxiliary(self) -> None:
+        policy = {id(p) for p in self.model.parameters()}
+        for i, aux in enumerate(self.auxiliary_models):
+            if aux is self.model or any(id(p) in policy for p in aux.parameters()):
+                raise ValueError(
+                    f"auxiliary_models[{i}] shares parameters with the policy; a frozen "
+                    "reference must be a separate copy (e.g. copy.deepcopy(policy))"
+                )
+            aux.to(self.device)
+            aux.eval()
+            aux.requires_grad_(False)
+
+    def forward_context(self) -> contextlib.AbstractContextManager:
+        """The autocast region every objective forward (and the π_old capture) runs in."""
+        if self.precision == "bfloat16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # -- π_old -----------------------------------------------------------------------------
+    def capture_old_logp(self, collected: TrajectoryBatch) -> None:
+        """Freeze π_old for a whole collected batch; call once before its first :meth:`step`."""
+        self.pi_old.capture(
+            self.model,
+            collected.to(self.device),
+            self.micro_batch_size,
+            self.forward_context,
+            verify_deterministic=self.certified_deterministic_forward,
+        )
+
+    def release_old_logp(self) -> None:
+        self.pi_old.release()
+
+    # -- training --------------------------------------------------------------------------
+    def train_on_batch(self, collected: TrajectoryBatch, mini_batches: int = 1) -> list[dict]:
+        """Capture π_old once (if the objective consults it), then one step per mini-batch.
+
+        Mini-batches are contiguous, near-equal row ranges of ``collected`` (shuffle before
+        calling if you want them random). Returns one metrics dict per optimizer step.
+        """
+        if mini_batches < 1:
+            raise ValueError(f"mini_batches must be >= 1, got {mini_batches}")
+        # One collective so every rank agrees (and fails together) on the step count and rows.
+        hi, neg_lo, neg_rows = dp.all_reduce_floats(
+            [mini_batches, -mini_batches, -len(collected)], "max"
+        )
+        if hi != -neg_lo:
+            raise ValueError(
+                f"mini_batches differs across ranks ({int(-neg_lo)}..{int(hi)}); every rank must "
+                "take the same number of optimizer steps per collected batch"
+            )
+        if -neg_rows < mini_batches:
+            raise ValueError(
+                f"a collected batch has {int(-neg_rows)} rows (on this or another rank), fewer "
+                f"than mini_batches={mini_batches}"
+            )
+        collected = collected.to(self.device)
+        minis = [collected[s] for s in split_evenly(len(collected), mini_batches)]
+        if self.certified_deterministic_forward:
+            sizes = [len(m) for m in minis]
+            if any(n % self.micro_batch_size for n in sizes):
+                raise ValueError(
+                    f"certified_deterministic_forward needs every mini-batch size {sizes} to be a "
+                    f"multiple of micro_batch_size={self.micro_batch_size}, so π_old is scored in "
+                    "the same micro-batches as the update"
+                )
+        if self.pi_old.consults_pi_old:
+            self.capture_old_logp(collected)
+        try:
+            return [self.step(mb) for mb in minis]
+        finally:
+            self.pi_old.release()
+
+    def step(self, batch: TrajectoryBatch) -> dict[str, Any]:
+        """One optimizer step over ``batch`` split into micro-batches; returns public metrics."""
+        self.pi_old.attest(batch)
+        start = time.perf_counter()
+        batch = batch.to(self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        chunks = [batch[s] for s in row_chunks(len(batch), self.micro_batch_size)]
+        if self.objective.reduction is Reduction.MEAN and len({len(c) for c in chunks}) > 1:
+            self._warn_unequal_mean_chunks([len(c) for c in chunks])
+        acc = accumulate_gradients(
+            self.model, self.objective, chunks, forward_context=self.forward_context
+        )
+        public = self.objective.metric_adapter.adapt(acc.metrics, "train")
+        grad_norm = self._clip_and_norm()
+        lr = self.lr
+        nonfinite = not (math.isfinite(acc.loss) and math.isfinite(grad_norm))
+        if nonfinite:
+            self._skip_nonfinite(acc.loss, grad_norm)
+        elif acc.empty:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_empty_total += 1
+            warnings.warn(
+                f"step {self.global_step}: the objective weight is 0 on every rank (no response "
+                "token carries loss); update skipped",
+                stacklevel=2,
+            )
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.consecutive_nonfinite = 0
+        step = self.global_step
+        self.global_step += 1
+        elapsed = time.perf_counter() - start
+        metrics = self._step_metrics(step, acc, grad_norm, lr, nonfinite, batch, elapsed)
+        clash = sorted(set(public) & set(metrics))
+        if clash:
+            raise ObjectiveContractError(
+                f"the objective's MetricAdapter maps onto trainer metric names {clash}; "
+                "map those objective metrics to other public names"
+            )
+        metrics.update(public)
+        if self.consecutive_nonfinite >= self.max_consecutive_nonfinite:
+            raise NonFiniteTrainingError(
+                f"stopping at step {step}: {self.consecutive_nonfinite} consecutive optimizer "
+                "steps had a non-finite loss or gradient (each was skipped, so the model and "
+                "optimizer are still those of the last good step); lower the learning rate, "
+                "set grad_clip, or inspect the data of these steps"
+            )
+        return metrics
+
+    def _warn_unequal_mean_chunks(self, sizes: list[int]) -> None:
+        if not self._warned_unequal_mean:
+            self._warned_unequal_mean = True
+            warnings.warn(
+                f"MEAN objective with unequal micro-batches {sizes}: each chunk's mean gets "
+                "weight 1/num_chunks, so the step is not the whole-batch mean; make the batch "
+                "size a multiple of micro_batch_size or use a TOKEN_SUM objective",
+                stacklevel=3,
+            )
+
+    def _clip_and_norm(self) -> float:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        else:
+            norm = torch.nn.utils.get_total_norm(grads)
+        return float(norm)
+
+    def _skip_nonfinite(self, loss: float, grad_norm: float) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.consecutive_nonfinite += 1
+        self.skipped_nonfinite_total += 1
+        warnings.warn(
+            f"step {self.global_step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
+            f"update skipped ({self.consecutive_nonfinite}/{self.max_consecutive_nonfinite} "
+            "consecutive before the run stops)",
+            stacklevel=3,
+        )
+
+    def _step_metrics(self, step, acc, grad_norm, lr, nonfinite, batch, elapsed) -> dict:
+        tokens = int(batch.attention_mask.sum())
+        out: dict[str, Any] = {
+            "train/step": step,
+            "train/loss": acc.loss,
+            "train/grad_norm": grad_norm,
+            "train/lr": lr,
+            "train/micro_batches": acc.num_chunks,
+            "train/samples": len(batch),
+            "train/skipped_nonfinite": int(nonfinite),
+            "train/skipped_nonfinite_total": self.skipped_nonfinite_total,
+            "train/skipped_empty": int(acc.empty and not nonfinite),
+            "train/step_time_s": elapsed,
+            "train/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+        }
+        if self.objective.reduction is Reduction.TOKEN_SUM:
+            out["train/objective_weight"] = acc.weight
+        return out
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer, scheduler and counters (model weights are saved separately, HF layout)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "global_step": self.global_step,
+            "consecutive_nonfinite": self.consecutive_nonfinite,
+            "skipped_nonfinite_total": self.skipped_nonfinite_total,
+            "skipped_empty_total": self.skipped_empty_total,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.global_step = int(state["global_step"])
+        self.consecutive_nonfinite = int(state["consecutive_nonfinite"])
+        self.skipped_nonfinite_total = int(state["skipped_nonfinite_total"])
+        self.skipped_empty_total = int(state["skipped_empty_total"])
+
+
+def _module_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _enable_gradient_checkpointing(model: nn.Module) -> None:
+    """Hugging Face activation checkpointing (transformers 5 name first, then the 4.x name)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ValueError(
+            "gradient_checkpointing=True needs a Hugging Face model (activation_checkpointing_enable "
+            f"or gradient_checkpointing_enable); {type(model).__name__} has neither"
+        )
+    if getattr(model, "config", None) is not None and hasattr(model.config, "use_cache"):
+        model.config.use_cache = False
