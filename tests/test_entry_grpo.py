@@ -1,0 +1,194 @@
+"""The GRPO entry end to end on tiny models: wiring, determinism, resume, builder rules, errors."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from posttrain.config import ConfigError, load_config
+from posttrain.config.build import build_objective
+from posttrain.entrypoints import grpo
+from posttrain.entrypoints.common import BuilderError, check_builder
+from posttrain.model.tiny import build_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
+
+
+def quick_opts(tmp: Path, model: Path, **extra) -> list[str]:
+    opts = {
+        "job.output_root": str(tmp / "out"),
+        "model.name_or_path": str(model),
+        "data.train_size": 60,
+        "data.val_size": 8,
+        "data.prompts_per_step": 4,
+        "rollout.n": 4,
+        "rollout.max_tokens": 3,
+        "rl.max_steps": 4,
+        "rl.save_every": 2,
+        "rl.eval_every": 2,
+        "rl.micro_batch_size": 8,
+        "logging.progress": False,
+    }
+    opts.update(extra)
+    return [f"{k}={v}" for k, v in opts.items()]
+
+
+def train(opts: list[str], recipe: str = "arithmetic", builder=build_objective) -> dict:
+    config = load_config(recipe, ["--", *opts])
+    return grpo.run(config, recipe, opts, grpo.default_out_dir(config), builder)
+
+
+def metrics_of(summary: dict) -> list[dict]:
+    return [
+        json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+def _strip_timing(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/")) and "per_s" not in k
+             and "time_s" not in k} for r in rows]  # fmt: skip
+
+
+def test_run_writes_metrics_samples_config_and_checkpoints(tmp_path, tiny_dir):
+    summary = train(quick_opts(tmp_path, tiny_dir))
+    run_dir = Path(summary["run_dir"])
+    assert run_dir == tmp_path / "out" / "grpo" / "arithmetic_tiny"
+    rows = metrics_of(summary)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert {"train/reward_mean", "train/loss", "time/rollout_s", "time/train_s"} <= rows[1].keys()
+    assert "val/accuracy" in rows[0] and "val/accuracy" in rows[2]
+    assert (run_dir / "config.yaml").exists()
+    assert sorted(p.name for p in (run_dir / "samples").iterdir()) == [
+        "step_000000.jsonl", "step_000002.jsonl", "step_000004.jsonl",
+    ]  # fmt: skip
+    sample = json.loads((run_dir / "samples" / "step_000004.jsonl").read_text().splitlines()[0])
+    assert {"prompt", "completion", "reward"} <= sample.keys()
+    assert (run_dir / "checkpoints" / "step_00000004").is_dir()
+
+
+def test_same_seed_same_metrics_and_resume_continues_exactly(tmp_path, tiny_dir):
+    straight = _strip_timing(metrics_of(train(quick_opts(tmp_path / "a", tiny_dir))))
+    again = _strip_timing(metrics_of(train(quick_opts(tmp_path / "b", tiny_dir))))
+    assert straight == again
+    # Stop after step 2 (its checkpoint), then resume=auto runs steps 3-4 from the checkpoint.
+    train(quick_opts(tmp_path / "c", tiny_dir, **{"rl.max_steps": 2}))
+    resumed = train(quick_opts(tmp_path / "c", tiny_dir))
+    assert resumed["start_step"] == 2
+    assert _strip_timing(metrics_of(resumed)) == straight
+
+
+def test_clipped_recipe_with_several_mini_batches(tmp_path, tiny_dir):
+    opts = quick_opts(
+        tmp_path, tiny_dir,
+        **{"rl.grpo_surrogate": "clipped", "rl.mini_batch_per_replica": 2, "rl.max_steps": 2,
+           "rl.loss_type": "seq-mean-token-sum-fixed", "rl.unbiased_advantage": True},
+    )  # fmt: skip
+    rows = metrics_of(train(opts))
+    assert rows[1]["train/pg/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("recipe", ["dr_grpo_qwen3b_gsm8k", "gspo_qwen3b_gsm8k"])
+def test_qwen_recipes_run_one_step_with_stand_ins(tmp_path, tiny_dir, recipe):
+    opts = [
+        f"job.output_root={tmp_path}",
+        f"model.name_or_path={tiny_dir}",
+        f"data.train_path={FIXTURES / 'gsm8k_train.jsonl'}",
+        f"data.val_path={FIXTURES / 'gsm8k_val.jsonl'}",
+        "data.prompt_template=plain",
+        "data.prompts_per_step=2",
+        "rollout.n=2",
+        "rollout.max_tokens=4",
+        "rl.max_steps=1",
+        "rl.save_every=0",
+        "rl.resume=off",
+        "rl.micro_batch_size=2",
+        "logging.progress=false",
+    ]
+    if recipe.startswith("gspo"):
+        opts += ["rl.mini_batch_per_replica=2", "model.certified_deterministic_forward=false"]
+    summary = train(opts, recipe)
+    rows = metrics_of(summary)
+    assert rows[-1]["step"] == 1 and "train/loss" in rows[-1]
+
+
+def nested_builder_factory():
+    def nested(rl, ctx):
+        return build_objective(rl, ctx)
+
+    return nested
+
+
+def test_builder_must_be_module_level():
+    check_builder(build_objective)
+    check_builder(functools.partial(build_objective))
+    for bad in (nested_builder_factory(), lambda rl, ctx: None, functools.partial(lambda r, c: 0)):
+        with pytest.raises(BuilderError, match="module scope"):
+            check_builder(bad)
+    with pytest.raises(BuilderError, match="module-level function"):
+        check_builder(len)
+
+
+def test_driver_edits_that_workers_cannot_see_are_refused(tmp_path, tiny_dir):
+    opts = quick_opts(tmp_path, tiny_dir)
+    config = load_config("arithmetic", ["--", *opts])
+    config.rl.lr = 0.5
+    with pytest.raises(ConfigError, match="rl.lr"):
+        grpo.run(config, "arithmetic", opts, tmp_path / "x", build_objective)
+
+
+def raising_reward(prompt, completion, answer, meta):
+    raise RuntimeError("boom")
+
+
+def _cli(args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "posttrain.entrypoints.grpo", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": f"{REPO / 'src'}:{REPO / 'tests'}", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+
+
+def test_cli_user_errors_are_one_line(tmp_path, tiny_dir):
+    base = ["--config", "arithmetic", "--", *quick_opts(tmp_path, tiny_dir)]
+    bad_key = _cli([*base, "rl.epsilon_lo=0.1"], tmp_path)
+    assert bad_key.returncode == 2
+    assert (
+        bad_key.stderr.strip().count("\n") == 0 and "did you mean rl.epsilon_low" in bad_key.stderr
+    )
+    raising = _cli([*base, "reward.functions=[test_entry_grpo:raising_reward]"], tmp_path)
+    assert raising.returncode == 1, raising.stderr
+    last = raising.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in raising.stderr
+    assert "raising_reward" in last and "sample" in last
+    no_model = _cli([*base, f"model.name_or_path={tmp_path / 'nope'}"], tmp_path)
+    assert no_model.returncode == 2 and "model.init_preset" in no_model.stderr
+
+
+def test_malformed_data_row_names_file_and_line(tmp_path, tiny_dir):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "x"}\n')
+    opts = [
+        *quick_opts(tmp_path, tiny_dir),
+        "data.task=jsonl", f"data.train_path={bad}", "data.val_path=null", "rl.eval_every=0",
+    ]  # fmt: skip
+    out = _cli(["--config", "arithmetic", "--", *opts], tmp_path)
+    assert out.returncode != 0
+    assert f"{bad}:2" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_torch_threads_untouched_by_local_run(tmp_path, tiny_dir):
+    before = torch.get_num_threads()
+    train(quick_opts(tmp_path, tiny_dir, **{"rl.max_steps": 1}))
+    assert torch.get_num_threads() == before
