@@ -44,6 +44,10 @@ class LLMTrainer:
     ``certified_deterministic_forward`` claims that scoring the same rows twice is bit-identical:
     π_old is then captured in exactly the micro-batches of the first update and the claim is
     checked once per collected batch, so the first update's importance ratio is exactly 1.
+
+    Data parallel: when ``torch.distributed`` is initialised, every rank constructs the trainer
+    and calls ``train_on_batch``/``step`` together on its own shard (rows and tokens may differ);
+    rank 0's weights are broadcast at construction and gradients are all-reduced once per step.
     """
 
     def __init__(
