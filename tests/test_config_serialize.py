@@ -63,6 +63,9 @@ def _strategy(key: str, info) -> st.SearchStrategy:
     ann, kw = info.annotation, _bounds(info.metadata)
     if typing.get_origin(ann) is Literal:
         return st.sampled_from(typing.get_args(ann))
+    args = typing.get_args(ann)
+    if type(None) in args and len(args) == 2 and typing.get_origin(args[0]) is Literal:
+        return st.none() | st.sampled_from(typing.get_args(args[0]))
     if ann is bool:
         return st.booleans()
     if ann is int:

@@ -172,7 +172,9 @@ def test_cli_user_errors_are_one_line(tmp_path, tiny_dir):
     last = raising.stderr.strip().splitlines()[-1]
     assert "Traceback" not in raising.stderr
     assert "raising_reward" in last and "sample" in last
-    no_model = _cli([*base, f"model.name_or_path={tmp_path / 'nope'}"], tmp_path)
+    no_model = _cli(
+        [*base, f"model.name_or_path={tmp_path / 'nope'}", "model.init_preset=null"], tmp_path
+    )
     assert no_model.returncode == 2 and "model.init_preset" in no_model.stderr
 
 
@@ -181,7 +183,8 @@ def test_malformed_data_row_names_file_and_line(tmp_path, tiny_dir):
     bad.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "x"}\n')
     opts = [
         *quick_opts(tmp_path, tiny_dir),
-        "data.task=jsonl", f"data.train_path={bad}", "data.val_path=null", "rl.eval_every=0",
+        "data.task=jsonl", "data.digits=2", f"data.train_path={bad}", "data.val_path=null",
+        "rl.eval_every=0",
     ]  # fmt: skip
     out = _cli(["--config", "arithmetic", "--", *opts], tmp_path)
     assert out.returncode != 0

@@ -118,7 +118,7 @@ class DataConfig(Section):
         description="reasoning_gym dataset name; read only for `task=reasoning_gym`.",
     )
     digits: int = Field(
-        1, ge=1, le=18, description="Digits per operand; read only for `task=arithmetic`."
+        2, ge=1, le=18, description="Digits per operand; read only for `task=arithmetic`."
     )
     operators: str = Field(
         "+",

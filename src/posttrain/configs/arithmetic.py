@@ -17,13 +17,14 @@ def build_config() -> PosttrainConfig:
     cfg.job.seed = 0
     # The entry creates this tiny from-scratch model when the directory is missing.
     cfg.model.name_or_path = "outputs/models/tiny-arith"
+    cfg.model.init_preset = "tiny"
     cfg.model.dtype = "float32"
 
     cfg.data.task = "arithmetic"
     cfg.data.digits = 1
     cfg.data.operators = "+"
-    cfg.data.train_size = 1000
-    cfg.data.val_size = 64
+    cfg.data.train_size = 80
+    cfg.data.val_size = 20
     cfg.data.prompts_per_step = 32
     cfg.data.prompt_template = "plain"
 

@@ -57,6 +57,24 @@ def arithmetic_knobs_need_task(cfg: PosttrainConfig) -> str | None:
     return f"{are(knobs)} never read by data.task={cfg.data.task}; reset to default"
 
 
+@error("data.task", "data.digits", "data.operators", "data.train_size", "data.val_size")
+def arithmetic_sizes_fit(cfg: PosttrainConfig) -> str | None:
+    """The arithmetic generator draws distinct problems; the splits must fit in its space."""
+    from posttrain.data.tasks.arithmetic import arithmetic_space
+
+    d = cfg.data
+    if d.task != "arithmetic":
+        return None
+    space = arithmetic_space(d.digits, d.operators)
+    if d.train_size + d.val_size <= space:
+        return None
+    return (
+        f"data.train_size + data.val_size = {d.train_size + d.val_size} exceeds the {space} "
+        f"distinct problems of data.digits={d.digits}, data.operators={d.operators}; lower the "
+        "sizes or raise data.digits"
+    )
+
+
 @error("rl.eval_every", "data.task", "data.val_path", "data.val_size")
 def eval_needs_validation_data(cfg: PosttrainConfig) -> str | None:
     """Periodic validation needs a validation set: data.val_path for jsonl, data.val_size > 0
@@ -122,6 +140,7 @@ RULES = (
     data_paths_need_jsonl,
     reasoning_gym_dataset_needs_task,
     arithmetic_knobs_need_task,
+    arithmetic_sizes_fit,
     eval_needs_validation_data,
     batch_covers_updates,
     ray_knobs_need_ray,

@@ -42,6 +42,17 @@ def check_builder(fn: Callable[..., Any]) -> None:
         )
 
 
+def quiet_libraries() -> None:
+    """Our progress bar and run log are the output; silence per-file loading bars."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
 def prepare_run_dir(config: PosttrainConfig, out_dir: str | Path) -> Path:
     """Create the run directory and write the resolved config (what workers will also see)."""
     run_dir = Path(out_dir)

@@ -23,6 +23,7 @@ from posttrain.control import run_preflight
 from posttrain.data.tasks import TaskItem, make_task_source
 from posttrain.entrypoints.common import (
     check_builder,
+    quiet_libraries,
     default_out_dir,
     encode_prompts,
     prepare_run_dir,
@@ -224,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def train_from_cli(config_path: str, opts: Sequence[str]) -> int:
+    quiet_libraries()
     config = load_config(config_path, ["--", *opts])
     summary = run(config, config_path, opts, default_out_dir(config), build_objective)
     _report(summary)

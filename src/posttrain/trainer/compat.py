@@ -20,13 +20,10 @@ from posttrain.trainer.errors import ResumeError
 RESUME_MUTABLE_KEYS: tuple[str, ...] = (
     "rl.max_steps",
     "rl.save_every",
+    "rl.eval_every",
     "rl.resume",
-    "rl.val_every",
-    "checkpoint.resume",
     "checkpoint.keep_last",
-    "checkpoint.save_every",
     "logging.*",
-    "validation.every",
 )
 
 _MISSING = object()

@@ -30,6 +30,11 @@ def arithmetic_problem(a: int, op: str, b: int) -> TaskItem:
     )
 
 
+def arithmetic_space(digits: int, operators: str) -> int:
+    """How many distinct problems the generator can draw (the bound on train + held-out)."""
+    return len(_check_operators(operators)) * (10**digits) ** 2
+
+
 def make_arithmetic_source(
     *, seed: int, digits: int, operators: str, train_size: int, val_size: int
 ) -> TaskSource:
@@ -42,7 +47,7 @@ def make_arithmetic_source(
     if val_size < 0:
         raise ValueError(f"arithmetic task: val_size must be >= 0, got {val_size}")
     n = 10**digits
-    space = len(ops) * n * n
+    space = arithmetic_space(digits, ops)
     if train_size + val_size > space:
         raise ValueError(
             f"arithmetic task: train_size + val_size = {train_size + val_size} exceeds the "
