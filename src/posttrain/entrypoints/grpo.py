@@ -23,10 +23,10 @@ from posttrain.control import run_preflight
 from posttrain.data.tasks import TaskItem, make_task_source
 from posttrain.entrypoints.common import (
     check_builder,
-    quiet_libraries,
     default_out_dir,
     encode_prompts,
     prepare_run_dir,
+    quiet_libraries,
     write_samples,
 )
 from posttrain.metrics import open_sinks
