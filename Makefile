@@ -7,7 +7,7 @@ WHEELS := $(wildcard /opt/wheels)
 PIP := $(BIN)/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
 EXTRAS ?= dev,math,reasoning,tracking
 
-.PHONY: test demo lint format install docs
+.PHONY: test demo loss-table lint format install docs
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,5 +32,14 @@ test: install lint
 docs: install
 	$(BIN)/python -m posttrain.config.reference docs/reference/config.md
 
+DEMO_RUN := outputs/grpo/arithmetic_clipped
+
+# RL from random weights on one-digit addition; prints held-out accuracy before/after, plots curves.
 demo: install
+	rm -rf $(DEMO_RUN)
+	$(BIN)/posttrain grpo --config arithmetic_clipped
+	$(BIN)/posttrain plot $(DEMO_RUN)
+
+# Every GRPO-family surrogate variant on one seeded batch, as a table (no training).
+loss-table: install
 	$(BIN)/python examples/loss_table.py

@@ -92,3 +92,14 @@ def test_tiny_model_learns_arithmetic_and_rolls_out(tiny_dir):
         *tok("19", add_special_tokens=False)["input_ids"],
         2,
     ]
+
+
+def test_arith_preset_has_the_small_alphabet(tmp_path):
+    from posttrain.model.loading import load_policy
+    from posttrain.model.tiny import build_tiny_model, count_parameters
+
+    model, tok = load_policy(build_tiny_model("arith", tmp_path / "a"))
+    assert model.config.vocab_size == 22 and not model.config.tie_word_embeddings
+    assert count_parameters(model) == 34_336
+    ids = tok("12+7=")["input_ids"]
+    assert tok.decode(ids, skip_special_tokens=True) == "12+7=" and len(ids) == 6

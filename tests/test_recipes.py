@@ -15,6 +15,7 @@ EXPECTED_WARNINGS = {
     "dr_grpo_qwen3b_gsm8k": [],
     "gspo_qwen3b_gsm8k": ["model.dtype=bfloat16 at rl.importance_sampling_level=sequence"],
     "smollm2_reasoning_gym": [],
+    "arithmetic_clipped": [],
 }
 
 

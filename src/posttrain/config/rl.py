@@ -79,7 +79,15 @@ class RLConfig(Section):
         description="Weight of the KL penalty to a frozen reference model; 0 builds no "
         "reference. Only the clipped surrogate has a KL term.",
     )
-    lr: float = Field(1e-6, gt=0, description="Learning rate (constant).")
+    lr: float = Field(1e-6, gt=0, description="Peak learning rate (see `rl.lr_schedule`).")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="Learning rate over the run's optimizer steps (`rl.max_steps` x "
+        "`rl.mini_batch_per_replica`): constant after warmup, or a linear / cosine decay to 0.",
+    )
+    warmup_steps: int = Field(
+        0, ge=0, description="Optimizer steps of linear warmup from 0 up to `rl.lr`."
+    )
     weight_decay: float = Field(
         0.0, ge=0, description="Weight decay given to the optimizer (decoupled in AdamW)."
     )

@@ -86,7 +86,7 @@ class ModelConfig(Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass to save memory."
     )
-    init_preset: Literal["tiny", "small"] | None = Field(
+    init_preset: Literal["tiny", "small", "arith"] | None = Field(
         None,
         description="When set and `model.name_or_path` does not exist yet, the entry builds a "
         "randomly initialised Llama-architecture model of this preset with a char-level "

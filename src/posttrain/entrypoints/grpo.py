@@ -150,6 +150,7 @@ def loop(config: PosttrainConfig, roles, run_dir: Path) -> dict[str, Any]:
         sink.write(0, first)
         summary["initial_val_accuracy"] = first["val/accuracy"]
     bar = _progress(config, start)
+    began = time.perf_counter()
     p, n = data.prompts_per_step, ro.n
     try:
         for step in range(start + 1, rl.max_steps + 1):
@@ -191,6 +192,7 @@ def loop(config: PosttrainConfig, roles, run_dir: Path) -> dict[str, Any]:
         if bar is not None:
             bar.close()
     summary["steps"] = rl.max_steps
+    summary["wall_s"] = time.perf_counter() - began
     return summary
 
 
@@ -237,6 +239,8 @@ def train_from_cli(config_path: str, opts: Sequence[str]) -> int:
 def _report(summary: dict[str, Any]) -> None:
     before, after = summary.get("initial_val_accuracy"), summary.get("final_val_accuracy")
     print(f"run directory: {summary['run_dir']}")
+    done = summary["steps"] - summary["start_step"]
+    print(f"trained {done} steps in {summary['wall_s']:.0f} s")
     if before is not None or after is not None:
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         n = summary["val_problems"]

@@ -28,21 +28,23 @@ CHARACTERS: tuple[str, ...] = tuple(
         + ".,:;!?'\"%<>_#&@[]{}|^~$\\\n"
     )
 )
+#: The arithmetic alphabet: a smaller output space makes exploration from random weights cheaper.
+ARITHMETIC_CHARACTERS: tuple[str, ...] = tuple(string.digits + "+-*/=()" + " ")
 CHAR_LEVEL_MARKER = "posttrain_char_level"
 """Key set to ``true`` in ``tokenizer_config.json`` of folders written by this module."""
 
 
-def char_vocab() -> dict[str, int]:
+def char_vocab(characters: tuple[str, ...] = CHARACTERS) -> dict[str, int]:
     """Token -> id: special tokens at 0..3 (pad, bos, eos, unk), then one id per character."""
-    return {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
+    return {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *characters))}
 
 
-def build_char_tokenizer() -> PreTrainedTokenizerFast:
+def build_char_tokenizer(characters: tuple[str, ...] = CHARACTERS) -> PreTrainedTokenizerFast:
     """A fast tokenizer that splits text into single characters and prepends ``<bos>``.
 
     Unknown characters map to ``<unk>``; decoding concatenates tokens without separators.
     """
-    vocab = char_vocab()
+    vocab = char_vocab(characters)
     tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     # every character is its own piece; "[\s\S]" because "." would skip newlines
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")

@@ -1,0 +1,26 @@
+"""Shaping rewards for the arithmetic task, usable as ``reward.functions`` entries.
+
+``exact`` scores a right answer 1 and everything else 0, which from random weights is a needle
+in a haystack. These functions add a little credit for being close, and return 0 for an exact
+answer so the exact verifier alone decides the top of the scale.
+"""
+
+from __future__ import annotations
+
+from posttrain.reward.extract import extract_answer
+
+
+def numeric_closeness(prompt: str, completion: str, answer: str, meta: dict) -> float:
+    """0.1 for a well-formed integer, plus up to 0.2 the closer it is (within 10) to the answer.
+
+    An exact answer gets 0 here (the verifier already gives it 1), so the total reward is 1 for
+    right, at most 0.3 for nearly right, 0 for malformed.
+    """
+    text = extract_answer(completion)
+    try:
+        value, gold = int(text), int(answer)
+    except ValueError:
+        return 0.0
+    if value == gold:
+        return 0.0
+    return 0.1 + 0.2 * max(0.0, 1.0 - abs(value - gold) / 10.0)
