@@ -8,6 +8,7 @@ classes as actors.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -105,13 +106,23 @@ class PolicyRole:
 
 class RolloutRole:
     """Samples responses. Given ``model``, it samples with that very module (in-process sharing:
-    weight sync then copies nothing); otherwise it loads its own copy from the config."""
+    weight sync then copies nothing); otherwise it loads its own copy from the config.
 
-    def __init__(self, config_path: str, opts: Sequence[str], model: nn.Module | None = None):
+    An own copy is float32, like the policy's master weights that the in-process engine samples
+    with, so both placements draw the same tokens for the same seed.
+    """
+
+    def __init__(
+        self,
+        config_path: str,
+        opts: Sequence[str],
+        model: nn.Module | None = None,
+        device: str | None = None,
+    ) -> None:
         self.config = cfg = resolve(config_path, opts)
         if model is None:
             model, tokenizer = load_policy(
-                cfg.model.name_or_path, cfg.model.tokenizer_path, cfg.model.dtype
+                cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", device
             )
         else:
             tokenizer = _load_tokenizer(cfg)
@@ -128,12 +139,16 @@ class RolloutRole:
         group_id_offset: int = 0,
         sample_id_offset: int = 0,
     ) -> Rollout:
+        """Sample; the result is on the CPU (it travels to the reward stage, maybe elsewhere)."""
         r = self.config.rollout
-        return self.engine.generate(
+        out = self.engine.generate(
             prompts, n=n, temperature=temperature, top_p=r.top_p if temperature > 0 else 1.0,
             max_tokens=r.max_tokens, seed=seed, group_id_offset=group_id_offset,
             sample_id_offset=sample_id_offset,
         )  # fmt: skip
+        if out.truncated.device.type == "cpu":
+            return out
+        return dataclasses.replace(out, batch=out.batch.to("cpu"), truncated=out.truncated.cpu())
 
     def sync(self, weights: nn.Module | Mapping[str, Tensor]) -> int:
         self.engine.sync_weights(weights)
@@ -144,7 +159,7 @@ class RewardRole:
     """Scores complete groups and annotates advantages before dispatch."""
 
     def __init__(self, config_path: str, opts: Sequence[str]) -> None:
-        cfg = resolve(config_path, opts)
+        self.config = cfg = resolve(config_path, opts)
         rw = cfg.reward
         self.stage = RewardStage(
             verifier=rw.verifier,
