@@ -12,7 +12,8 @@ import functools
 import json
 import os
 import signal
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,11 +27,12 @@ from safetensors.torch import load_file  # noqa: E402
 from posttrain.config import load_config  # noqa: E402
 from posttrain.config.build import build_objective  # noqa: E402
 from posttrain.entrypoints import grpo  # noqa: E402
-from posttrain.entrypoints.cli import EXIT_RUN_ERROR, run_guarded  # noqa: E402
+from posttrain.entrypoints.cli import EXIT_RUN_ERROR  # noqa: E402
 from posttrain.entrypoints.common import BuilderError  # noqa: E402
 from posttrain.model.tiny import build_tiny_model  # noqa: E402
 from posttrain.placement.ray import place_ray  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
 STEPS = 3
 RAY = {"placement.backend": "ray", "placement.cpus_per_role": 0.5}
 
@@ -189,47 +191,82 @@ def test_workers_see_the_overrides_and_one_torch_thread(runs):
         assert row["threads"] == 1
 
 
-def test_killed_policy_rank_stops_the_run_naming_it(cluster, tiny_dir, tmp_path, capsys):
-    rec = tmp_path / "rec"
-    rec.mkdir()
+def policy_host_pids(cwd: Path) -> list[int]:
+    """Processes hosting a policy rank of the run started in ``cwd`` (Ray titles them
+    ``ray::PolicyHost...``; the host moves into the driver's working directory)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            title = (proc / "cmdline").read_bytes()
+            here = Path(os.readlink(proc / "cwd"))
+        except OSError:
+            continue
+        if proc.name.isdigit() and title.startswith(b"ray::PolicyHost") and here == cwd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_killed_policy_rank_stops_a_cli_run_that_joined_the_cluster(cluster, tiny_dir, tmp_path):
+    """A CLI driver joins this module's Ray instance by address and trains on two policy ranks;
+    one rank is killed mid-run. The driver exits non-zero within a bounded time with one line
+    naming the role (the surviving rank, blocked in a collective, is ended, not waited on), and
+    the last complete checkpoint loads."""
+    address = ray.get_runtime_context().gcs_address
     opts = opts_for(tmp_path, tiny_dir, **RAY, **{
-        "placement.policy_ranks": 2, "rl.max_steps": 500, "rl.save_every": 1,
-        "job.name": "killed",
+        "placement.ray_address": address, "placement.policy_ranks": 2, "rl.max_steps": 1000,
+        "rl.save_every": 1,
     })  # fmt: skip
-    ckpts = tmp_path / "grpo" / "killed" / "checkpoints"
-    killed_at: list[float] = []
-
-    def kill_rank_one() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            ranks = {r["rank"]: r["pid"] for r in records(rec)}
-            if 1 in ranks and (ckpts / "step_00000002" / "COMPLETE").exists():
-                killed_at.append(time.monotonic())
-                os.kill(ranks[1], signal.SIGKILL)
-                return
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_rank_one, daemon=True)
-    killer.start()
-
-    def cli_body() -> int:
-        train(opts, functools.partial(recording_builder, str(rec)))
-        return 0
-
-    code = run_guarded(cli_body)
-    ended = time.monotonic()
-    killer.join(timeout=5)
-    assert killed_at, "the run never reached its second checkpoint"
-    assert code == EXIT_RUN_ERROR
-    # Actor output is forwarded to this stderr too; the CLI's own report is a single line.
-    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("posttrain:")]
-    assert len(err) == 1 and "RoleFailedError" in err[0], err
-    assert "policy rank 1" in err[0] and "died" in err[0] and "rl.resume=auto" in err[0]
-    assert ended - killed_at[0] < 30
-    # The last complete checkpoint loads: weights in HF layout, trainer state, metadata.
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO / 'tests'}"}
+    cmd = [sys.executable, "-m", "posttrain.entrypoints.grpo", "--config", "arithmetic", "--"]
+    driver = subprocess.Popen(
+        [*cmd, *opts], cwd=tmp_path, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    ckpts = tmp_path / "grpo" / "arithmetic_tiny" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not (ckpts / "step_00000002" / "COMPLETE").exists():
+        assert driver.poll() is None, driver.communicate()[1]
+        assert time.monotonic() < deadline, "the run never reached its second checkpoint"
+        time.sleep(0.05)
+    victims = policy_host_pids(tmp_path.resolve())
+    assert len(victims) == 2, victims
+    os.kill(victims[-1], signal.SIGKILL)
+    killed = time.monotonic()
+    _, stderr = driver.communicate(timeout=60)
+    assert time.monotonic() - killed < 30
+    assert driver.returncode == EXIT_RUN_ERROR, stderr
+    # Actor output is forwarded to the driver's stderr too; the CLI's own report is one line.
+    report = [ln for ln in stderr.splitlines() if ln.startswith("posttrain:")]
+    assert len(report) == 1 and "RoleFailedError" in report[0], stderr
+    assert "policy rank" in report[0] and "died" in report[0] and "rl.resume=auto" in report[0]
     done = sorted(p for p in ckpts.glob("step_*") if (p / "COMPLETE").exists())
-    assert done and int(done[-1].name.split("_")[1]) >= 2
     last = done[-1]
+    assert int(last.name.split("_")[1]) >= 2
     assert load_file(str(last / "model" / "model.safetensors"))
     assert torch.load(last / "trainer.pt", weights_only=True)["global_step"] >= 2
     assert json.loads((last / "meta.json").read_text())["world_size"] == 2
+
+
+def test_role_errors_are_translated():
+    """Without a cluster: how the driver reports what a remote call raised."""
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    from posttrain.config import ConfigError
+    from posttrain.placement.errors import RoleFailedError
+    from posttrain.placement.ray import _Actors
+    from posttrain.reward.stage import RewardError
+
+    actors = _Actors(checkpoints="/runs/x/checkpoints")
+
+    def remote(cause):
+        return RayTaskError("call", "Traceback: ...", cause, proctitle="t", pid=1, ip="127.0.0.1")
+
+    for own in (RewardError("reward function 'm:f' raised"), ConfigError("rl.lr: bad")):
+        assert actors._failure({}, "reward", remote(own), []) is own  # as in a local run
+    bug = actors._failure({}, "rollout", remote(KeyError("w")), [])
+    assert isinstance(bug, RoleFailedError)
+    assert str(bug) == "the rollout role failed: KeyError: 'w'"
+    died = actors._failure({}, "policy rank 1", ActorDiedError(), [])
+    assert isinstance(died, RoleFailedError) and "\n" not in str(died)
+    assert str(died).startswith("the policy rank 1 actor died (The actor died unexpectedly")
+    assert "/runs/x/checkpoints" in str(died) and "rl.resume=auto" in str(died)

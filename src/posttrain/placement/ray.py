@@ -33,7 +33,13 @@ from posttrain.config import ConfigError, PosttrainConfig, to_dict
 from posttrain.entrypoints.common import BuilderError, check_builder
 from posttrain.placement.dispatch import merge_rank_metrics, shard_batch
 from posttrain.placement.errors import RoleFailedError
-from posttrain.placement.ray_host import GroupSpec, RoleHost, worker_pythonpath
+from posttrain.placement.ray_host import (
+    GroupSpec,
+    PolicyHost,
+    RewardHost,
+    RolloutHost,
+    worker_pythonpath,
+)
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 
 log = logging.getLogger("posttrain")
@@ -203,19 +209,20 @@ def place_ray(
     gpu = pc.gpus_per_role > 0
     device = "cuda" if gpu else None
     env = {"PYTHONPATH": worker_pythonpath(), "OMP_NUM_THREADS": str(pc.torch_threads_per_process)}
-    host_cls = ray.remote(RoleHost)
 
-    def host(num_gpus: float):
-        return host_cls.options(
-            num_cpus=pc.cpus_per_role, num_gpus=num_gpus, runtime_env={"env_vars": env}
-        ).remote(pc.torch_threads_per_process, os.getcwd())
+    def host(cls: type, num_gpus: float):
+        return (
+            ray.remote(cls)
+            .options(num_cpus=pc.cpus_per_role, num_gpus=num_gpus, runtime_env={"env_vars": env})
+            .remote(pc.torch_threads_per_process, os.getcwd())
+        )
 
     actors = _Actors(checkpoints=str(Path(run_dir) / "checkpoints"))
     try:
         for r in range(ranks):
-            actors.handles[f"policy rank {r}"] = host(pc.gpus_per_role)
-        actors.handles["rollout"] = host(pc.gpus_per_role)
-        actors.handles["reward"] = host(0.0)
+            actors.handles[f"policy rank {r}"] = host(PolicyHost, pc.gpus_per_role)
+        actors.handles["rollout"] = host(RolloutHost, pc.gpus_per_role)
+        actors.handles["reward"] = host(RewardHost, 0.0)
         starts = _start_roles(actors, config_path, list(opts), build_objective_fn, run_dir,
                               ranks, device, "nccl" if gpu else "gloo")  # fmt: skip
         configs = dict(zip(actors.handles, actors.gather(starts, START_TIMEOUT_S), strict=True))

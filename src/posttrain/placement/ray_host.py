@@ -119,3 +119,16 @@ class RoleHost:
         tensors = [v for v in value.values() if isinstance(v, torch.Tensor)]
         size = sum(t.numel() * t.element_size() for t in tensors)
         return {"ref": [ray.put(value)], "bytes": size, "tensors": len(tensors)}
+
+
+# One class per role, so process titles (``ray::PolicyHost``) and Ray's actor table name it.
+class PolicyHost(RoleHost):
+    """Hosts one data-parallel rank of the policy role."""
+
+
+class RolloutHost(RoleHost):
+    """Hosts the rollout role (sampling with its own copy of the weights)."""
+
+
+class RewardHost(RoleHost):
+    """Hosts the reward role."""
