@@ -275,12 +275,13 @@ def _check_serialisable(fn: ObjectiveBuilder) -> None:
 
 
 def _connect(address: str, cpus_needed: float) -> bool:
-    """Join ``address`` or start a local instance; True when this call started Ray."""
+    """Join ``address`` or start a local instance; True when this call connected (and so
+    disconnects at the end: a joined cluster keeps running, a started instance stops)."""
     if ray.is_initialized():
         return False
     if address:
-        ray.init(address=address, include_dashboard=False, log_to_driver=True)
-        return False
+        ray.init(address=address, log_to_driver=True)
+        return True
     # A local instance declares at least the CPUs the roles ask for: logical CPUs only gate
     # scheduling, and one torch thread per process keeps the real load at the core count.
     cpus = max(os.cpu_count() or 1, int(-(-cpus_needed // 1)))

@@ -93,8 +93,12 @@ class PolicyRole:
         return mean_metrics(rows)
 
     def weights(self) -> dict[str, Tensor]:
-        """The policy's parameters for weight sync (CPU tensors: they travel between processes)."""
-        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        """The policy's weights for sync, as CPU tensors (they travel between processes).
+
+        Tied tensors (e.g. input and output embeddings) appear once; the receiving
+        :meth:`RolloutRole.sync` restores the keys its own model ties.
+        """
+        return {k: v.detach().cpu() for k, v in untied_state(self.model).items()}
 
     def save(self, step: int, data_state: Mapping[str, Any]) -> str:
         path = self.checkpoints.save(
@@ -151,6 +155,8 @@ class RolloutRole:
         return dataclasses.replace(out, batch=out.batch.to("cpu"), truncated=out.truncated.cpu())
 
     def sync(self, weights: nn.Module | Mapping[str, Tensor]) -> int:
+        if not isinstance(weights, nn.Module):
+            weights = with_tied_keys(self.engine.model, weights)
         self.engine.sync_weights(weights)
         return self.engine.weight_version
 
@@ -183,6 +189,38 @@ class RewardRole:
         return self.stage.evaluate(list(completions), list(items)), self.stage.score(
             list(completions), list(items)
         )
+
+
+def _view_id(t: Tensor) -> tuple | None:
+    """Identity of the memory a tensor views (None for empty tensors, which share nothing)."""
+    if t.numel() == 0:
+        return None
+    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+
+
+def untied_state(model: nn.Module) -> dict[str, Tensor]:
+    """``model.state_dict()`` with every tensor that another key already views left out."""
+    out, seen = {}, set()
+    for key, value in model.state_dict().items():
+        vid = _view_id(value)
+        if vid is None or vid not in seen:
+            out[key] = value
+            seen.add(vid)
+    return out
+
+
+def with_tied_keys(model: nn.Module, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Complete ``weights`` (from :func:`untied_state`) with the keys ``model`` ties to others."""
+    out = dict(weights)
+    first: dict[tuple, str] = {}
+    for key, value in model.state_dict().items():
+        vid = _view_id(value)
+        if vid is None:
+            continue
+        source = first.setdefault(vid, key)
+        if key not in out and source in out:
+            out[key] = out[source]
+    return out
 
 
 def _load_tokenizer(cfg: PosttrainConfig):
