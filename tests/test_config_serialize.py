@@ -189,3 +189,10 @@ def test_nested_errors_are_reported_once_with_the_full_key():
     assert str(info.value) == (
         "invalid config value rollout.max_tokens: Input should be greater than 0 (got 0)"
     )
+
+
+def test_line_break_characters_round_trip():
+    # Regression: PyYAML emitted U+0085 / U+2028 unescaped inside quotes with allow_unicode.
+    cfg = PosttrainConfig()
+    cfg.logging.wandb_project = "a\x85b\u2028c"
+    assert from_yaml(to_yaml(cfg)) == cfg

@@ -61,6 +61,8 @@ CASES: list[tuple[str, list[str], str, list[str]]] = [
     ("reasoning_gym_dataset_needs_task", ["data.reasoning_gym_dataset=chain_sum"],
      "data.reasoning_gym_dataset=chain_sum never read by data.task=arithmetic",
      ["data.task=reasoning_gym", "data.reasoning_gym_dataset=chain_sum"]),
+    ("reasoning_gym_verifier_needs_task", ["reward.verifier=reasoning_gym"],
+     "needs data.task=reasoning_gym", ["reward.verifier=math"]),
     ("arithmetic_sizes_fit", ["data.digits=1", "data.train_size=90", "data.val_size=20"],
      "exceeds the 100 distinct problems", ["data.digits=1", "data.train_size=80", "data.val_size=20"]),
     ("arithmetic_knobs_need_task", [*JSONL, "data.digits=3", "data.operators=+-"],

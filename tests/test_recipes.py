@@ -14,6 +14,7 @@ EXPECTED_WARNINGS = {
     "grpo_base": [],
     "dr_grpo_qwen3b_gsm8k": [],
     "gspo_qwen3b_gsm8k": ["model.dtype=bfloat16 at rl.importance_sampling_level=sequence"],
+    "smollm2_reasoning_gym": [],
 }
 
 

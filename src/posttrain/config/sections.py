@@ -182,10 +182,11 @@ class RewardConfig(Section):
 
     section_name = "reward"
 
-    verifier: Literal["exact", "math"] = Field(
+    verifier: Literal["exact", "math", "reasoning_gym"] = Field(
         "exact",
-        description="Answer check: `exact` compares the stripped response with the answer, "
-        "`math` extracts the final number and compares numerically.",
+        description="Answer check: `exact` compares the extracted answer with the gold string, "
+        "`math` compares by value with math-verify, `reasoning_gym` asks the task's own "
+        "reasoning-gym scorer (needs `data.task=reasoning_gym`).",
     )
     format_weight: float = Field(
         0.0, ge=0, description="Weight of the format reward added to the verifier's score."

@@ -94,7 +94,9 @@ def from_dict(data: Mapping[str, Any]) -> PosttrainConfig:
 
 
 def to_yaml(config: PosttrainConfig) -> str:
-    return yaml.dump(to_dict(config), Dumper=CoreDumper, sort_keys=False, allow_unicode=True)
+    # allow_unicode=False: PyYAML mis-emits line-break characters (U+0085, U+2028) in quoted
+    # scalars when unicode is allowed; escaped output round-trips exactly.
+    return yaml.dump(to_dict(config), Dumper=CoreDumper, sort_keys=False, allow_unicode=False)
 
 
 def from_yaml(text: str) -> PosttrainConfig:

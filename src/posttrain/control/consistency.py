@@ -46,6 +46,17 @@ def reasoning_gym_dataset_needs_task(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@error("reward.verifier", "data.task")
+def reasoning_gym_verifier_needs_task(cfg: PosttrainConfig) -> str | None:
+    """The reasoning_gym verifier scores with the dataset entry's own scorer."""
+    if cfg.reward.verifier != "reasoning_gym" or cfg.data.task == "reasoning_gym":
+        return None
+    return (
+        f"reward.verifier=reasoning_gym needs data.task=reasoning_gym (got {cfg.data.task}); "
+        "use verifier exact or math"
+    )
+
+
 @error("data.task", "data.digits", "data.operators")
 def arithmetic_knobs_need_task(cfg: PosttrainConfig) -> str | None:
     """Only task=arithmetic reads data.digits and data.operators."""
@@ -141,6 +152,7 @@ RULES = (
     reasoning_gym_dataset_needs_task,
     arithmetic_knobs_need_task,
     arithmetic_sizes_fit,
+    reasoning_gym_verifier_needs_task,
     eval_needs_validation_data,
     batch_covers_updates,
     ray_knobs_need_ray,

@@ -144,7 +144,9 @@ def loop(config: PosttrainConfig, roles, run_dir: Path) -> dict[str, Any]:
         wandb=config.logging.wandb, wandb_project=config.logging.wandb_project,
         wandb_mode=config.logging.wandb_mode, run_name=job.name, config=to_dict(config),
     )  # fmt: skip
-    summary: dict[str, Any] = {"run_dir": str(run_dir), "start_step": start}
+    summary: dict[str, Any] = {
+        "run_dir": str(run_dir), "start_step": start, "val_problems": len(val_items),
+    }  # fmt: skip
     if val_items and start == 0:
         first = evaluate(config, roles, tokenizer, val_items, run_dir, 0)
         sink.write(0, first)
@@ -239,7 +241,8 @@ def _report(summary: dict[str, Any]) -> None:
     print(f"run directory: {summary['run_dir']}")
     if before is not None or after is not None:
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-        print(f"held-out accuracy: {fmt(before)} -> {fmt(after)}")
+        n = summary["val_problems"]
+        print(f"held-out accuracy: {fmt(before)} -> {fmt(after)} ({n} problems, greedy)")
 
 
 if __name__ == "__main__":

