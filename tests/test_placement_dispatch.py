@@ -124,3 +124,10 @@ def test_tied_weights_travel_once_and_load_strictly():
     assert receiver.lm_head.weight.data_ptr() == receiver.model.embed_tokens.weight.data_ptr()
     untied = tiny_llama()  # no tied tensors: nothing is left out
     assert untied_state(untied).keys() == untied.state_dict().keys()
+
+
+def test_ray_backend_without_ray_installed_is_a_config_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without the extra sees
+    monkeypatch.delitem(sys.modules, "posttrain.placement.ray", raising=False)
+    with pytest.raises(ConfigError, match=r"pip install 'posttrain\[ray\]'"):
+        import posttrain.placement.ray  # noqa: F401

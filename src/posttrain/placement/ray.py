@@ -26,10 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ray
-from ray.exceptions import RayActorError, RayError, RayTaskError
-
 from posttrain.config import ConfigError, PosttrainConfig, to_dict
+
+try:
+    import ray
+    from ray.exceptions import RayActorError, RayError, RayTaskError
+except ImportError as e:  # an optional extra
+    raise ConfigError(
+        f"placement.backend=ray needs Ray ({e}); install it with pip install 'posttrain[ray]'"
+    ) from e
+
 from posttrain.entrypoints.common import BuilderError, check_builder
 from posttrain.placement.dispatch import merge_rank_metrics, shard_batch
 from posttrain.placement.errors import RoleFailedError
@@ -161,9 +167,6 @@ class RayPolicy:
 
     def save(self, step: int, data_state) -> str:
         return self._all("save", [(step, data_state)] * len(self.names))[0]
-
-    def pids(self) -> list[int]:
-        return self._actors.gather([(n, self._actors.handles[n].pid.remote()) for n in self.names])
 
 
 @dataclass

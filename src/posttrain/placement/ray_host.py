@@ -77,9 +77,6 @@ class RoleHost:
             os.chdir(cwd)
         self.role: Any = None
 
-    def pid(self) -> int:
-        return os.getpid()
-
     def rendezvous(self) -> tuple[str, int]:
         return free_address()
 
