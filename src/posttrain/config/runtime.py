@@ -17,28 +17,41 @@ class PlacementConfig(Section):
 
     backend: Literal["local", "ray"] = Field(
         "local",
-        description="`local` runs every role in this process tree on one machine; `ray` places "
-        "roles as Ray actors. Both give the same numbers for the same seed.",
+        description="`local` runs every role in this process on one machine; `ray` places each "
+        "role (every policy rank, the rollout, the reward) in its own Ray actor. Both give the "
+        "same numbers for the same seed.",
     )
     ray_address: str = Field(
         "",
-        description="Ray cluster address; empty starts a local Ray instance. Read only for "
-        "`backend=ray`.",
+        description="Ray cluster to join (`auto`, or the `HOST:PORT` printed by `ray start "
+        "--head`); empty starts a local Ray instance without dashboard. Ignored when this process "
+        "already runs Ray. Read only for `backend=ray`.",
     )
     policy_ranks: int = Field(
-        1, ge=1, description="Data-parallel policy replicas (processes) that train together."
+        1,
+        ge=1,
+        description="Data-parallel policy ranks: one process each, joined in one "
+        "torch.distributed group (gloo on CPU, nccl on GPU). More than 1 needs `backend=ray`.",
     )
     cpus_per_role: float = Field(
-        1.0, gt=0, description="CPUs requested per Ray actor. Read only for `backend=ray`."
+        1.0,
+        gt=0,
+        description="CPUs Ray reserves for each actor (every policy rank, the rollout, the "
+        "reward). Read only for `backend=ray`.",
     )
     gpus_per_role: float = Field(
-        0.0, ge=0, description="GPUs requested per Ray actor. Read only for `backend=ray`."
+        0.0,
+        ge=0,
+        description="GPUs Ray reserves for each actor that holds a model (every policy rank and "
+        "the rollout; the reward actor takes none); above 0 those roles run on CUDA. Read only "
+        "for `backend=ray`.",
     )
     torch_threads_per_process: int = Field(
         1,
         ge=1,
-        description="torch intra-op threads in every role process; keep the product with the "
-        "process count at or below the core count.",
+        description="torch intra-op threads in every Ray actor process; keep the product with the "
+        "process count at or below the core count. A `local` run leaves the threads of the "
+        "calling process as they are.",
     )
 
     @field_validator("cpus_per_role", "gpus_per_role")

@@ -104,10 +104,11 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input a user controls: reported in one line, never with a traceback."""
     from posttrain.data.tasks import TaskDataError
+    from posttrain.placement.errors import RoleFailedError
     from posttrain.reward import RewardError
     from posttrain.trainer import TrainerError
 
-    return (RewardError, TaskDataError, TrainerError, FileNotFoundError)
+    return (RewardError, TaskDataError, TrainerError, RoleFailedError, FileNotFoundError)
 
 
 def run_guarded(fn: Callable[[], int]) -> int:

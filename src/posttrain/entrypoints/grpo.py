@@ -137,6 +137,8 @@ def loop(config: PosttrainConfig, roles, run_dir: Path) -> dict[str, Any]:
     val_items = tasks.val_items()
     state = roles.policy.resume()
     start, cursor = (state.step, state.data_state["cursor"]) if state else (0, 0)
+    if state:
+        roles.sync_weights()  # a rollout engine with its own weights starts from the checkpoint
     sink = open_sinks(
         run_dir, resume_step=start if state else None, tensorboard=config.logging.tensorboard,
         wandb=config.logging.wandb, wandb_project=config.logging.wandb_project,

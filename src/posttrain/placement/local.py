@@ -8,7 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
+from posttrain.config import ConfigError
+from posttrain.placement.roles import (
+    ObjectiveBuilder,
+    PolicyRole,
+    RewardRole,
+    RolloutRole,
+    resolve,
+)
 
 
 @dataclass
@@ -28,6 +35,12 @@ class LocalRoles:
 def place_local(
     config_path: str, opts: Sequence[str], build_objective_fn: ObjectiveBuilder, run_dir: str
 ) -> LocalRoles:
+    ranks = resolve(config_path, opts).placement.policy_ranks
+    if ranks != 1:
+        raise ConfigError(
+            f"placement.policy_ranks={ranks} needs placement.backend=ray (in-process placement "
+            "runs one policy rank)"
+        )
     policy = PolicyRole(config_path, opts, build_objective_fn, run_dir)
     rollout = RolloutRole(config_path, opts, model=policy.model)
     return LocalRoles(policy, rollout, RewardRole(config_path, opts))

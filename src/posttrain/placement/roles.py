@@ -8,6 +8,7 @@ classes as actors.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,12 @@ class PolicyRole:
         return mean_metrics(rows)
 
     def weights(self) -> dict[str, Tensor]:
-        """The policy's parameters for weight sync (CPU tensors: they travel between processes)."""
-        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        """The policy's weights for sync, as CPU tensors (they travel between processes).
+
+        Tied tensors (e.g. input and output embeddings) appear once; the receiving
+        :meth:`RolloutRole.sync` restores the keys its own model ties.
+        """
+        return {k: v.detach().cpu() for k, v in untied_state(self.model).items()}
 
     def save(self, step: int, data_state: Mapping[str, Any]) -> str:
         path = self.checkpoints.save(
@@ -108,13 +113,23 @@ class PolicyRole:
 
 class RolloutRole:
     """Samples responses. Given ``model``, it samples with that very module (in-process sharing:
-    weight sync then copies nothing); otherwise it loads its own copy from the config."""
+    weight sync then copies nothing); otherwise it loads its own copy from the config.
 
-    def __init__(self, config_path: str, opts: Sequence[str], model: nn.Module | None = None):
+    An own copy is float32, like the policy's master weights that the in-process engine samples
+    with, so both placements draw the same tokens for the same seed.
+    """
+
+    def __init__(
+        self,
+        config_path: str,
+        opts: Sequence[str],
+        model: nn.Module | None = None,
+        device: str | None = None,
+    ) -> None:
         self.config = cfg = resolve(config_path, opts)
         if model is None:
             model, tokenizer = load_policy(
-                cfg.model.name_or_path, cfg.model.tokenizer_path, cfg.model.dtype
+                cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", device
             )
         else:
             tokenizer = _load_tokenizer(cfg)
@@ -131,14 +146,20 @@ class RolloutRole:
         group_id_offset: int = 0,
         sample_id_offset: int = 0,
     ) -> Rollout:
+        """Sample; the result is on the CPU (it travels to the reward stage, maybe elsewhere)."""
         r = self.config.rollout
-        return self.engine.generate(
+        out = self.engine.generate(
             prompts, n=n, temperature=temperature, top_p=r.top_p if temperature > 0 else 1.0,
             max_tokens=r.max_tokens, seed=seed, group_id_offset=group_id_offset,
             sample_id_offset=sample_id_offset,
         )  # fmt: skip
+        if out.truncated.device.type == "cpu":
+            return out
+        return dataclasses.replace(out, batch=out.batch.to("cpu"), truncated=out.truncated.cpu())
 
     def sync(self, weights: nn.Module | Mapping[str, Tensor]) -> int:
+        if not isinstance(weights, nn.Module):
+            weights = with_tied_keys(self.engine.model, weights)
         self.engine.sync_weights(weights)
         return self.engine.weight_version
 
@@ -147,7 +168,7 @@ class RewardRole:
     """Scores complete groups and annotates advantages before dispatch."""
 
     def __init__(self, config_path: str, opts: Sequence[str]) -> None:
-        cfg = resolve(config_path, opts)
+        self.config = cfg = resolve(config_path, opts)
         rw = cfg.reward
         self.stage = RewardStage(
             verifier=rw.verifier,
@@ -171,6 +192,38 @@ class RewardRole:
         return self.stage.evaluate(list(completions), list(items)), self.stage.score(
             list(completions), list(items)
         )
+
+
+def _view_id(t: Tensor) -> tuple | None:
+    """Identity of the memory a tensor views (None for empty tensors, which share nothing)."""
+    if t.numel() == 0:
+        return None
+    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+
+
+def untied_state(model: nn.Module) -> dict[str, Tensor]:
+    """``model.state_dict()`` with every tensor that another key already views left out."""
+    out, seen = {}, set()
+    for key, value in model.state_dict().items():
+        vid = _view_id(value)
+        if vid is None or vid not in seen:
+            out[key] = value
+            seen.add(vid)
+    return out
+
+
+def with_tied_keys(model: nn.Module, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Complete ``weights`` (from :func:`untied_state`) with the keys ``model`` ties to others."""
+    out = dict(weights)
+    first: dict[tuple, str] = {}
+    for key, value in model.state_dict().items():
+        vid = _view_id(value)
+        if vid is None:
+            continue
+        source = first.setdefault(vid, key)
+        if key not in out and source in out:
+            out[key] = out[source]
+    return out
 
 
 def _load_tokenizer(cfg: PosttrainConfig):

@@ -1,0 +1,74 @@
+"""Dispatch of a scored batch to data-parallel policy ranks, and the merge of their metrics.
+
+Each rank receives whole sequences (rows); group statistics such as advantages were computed by
+the reward stage while every group was complete, so a rank never needs rows it does not hold.
+
+The split is chosen so that several ranks take the same optimizer steps as one: the batch is
+first cut into the mini-batches one rank would use, and each mini-batch is then shared out among
+the ranks. Because ``split_evenly`` is used at both levels (sizes differ by at most one, larger
+first), a rank's shard, cut again into mini-batches by the trainer, yields exactly its share of
+every global mini-batch. The trainer's cross-rank normalisation then makes the update equal to
+the single-rank one (up to the order of floating-point sums).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.trainer.accumulate import split_evenly
+
+#: Per-rank metrics that add up over ranks (rows, micro-batches, throughput).
+SUMMED = frozenset({"train/samples", "train/micro_batches", "train/tokens_per_s"})
+#: Per-rank metrics where the slowest rank is the step's value.
+SLOWEST = frozenset({"train/step_time_s"})
+
+
+def rank_rows(rows: int, ranks: int, mini_batches: int) -> list[list[int]]:
+    """Row indices of every rank's shard (see the module docstring for why this order)."""
+    if ranks < 1 or mini_batches < 1:
+        raise ValueError(f"need ranks >= 1 and mini_batches >= 1, got {ranks}, {mini_batches}")
+    if rows < ranks * mini_batches:
+        raise ValueError(
+            f"a batch of {rows} rows cannot give each of {ranks} policy ranks a row in each of "
+            f"{mini_batches} mini-batches; raise data.prompts_per_step or rollout.n, or lower "
+            "placement.policy_ranks or rl.mini_batch_per_replica"
+        )
+    shards: list[list[int]] = [[] for _ in range(ranks)]
+    for mini in split_evenly(rows, mini_batches):
+        for rank, part in enumerate(split_evenly(mini.stop - mini.start, ranks)):
+            shards[rank].extend(range(mini.start + part.start, mini.start + part.stop))
+    return shards
+
+
+def shard_batch(batch: TrajectoryBatch, ranks: int, mini_batches: int) -> list[TrajectoryBatch]:
+    """Every rank's rows of ``batch``; one rank gets the batch itself."""
+    if ranks == 1:
+        return [batch]
+    return [batch[idx] for idx in rank_rows(len(batch), ranks, mini_batches)]
+
+
+def merge_rank_metrics(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """One step record from the ranks' records.
+
+    A value every rank reports identically (the trainer's global loss, weight, gradient norm,
+    learning rate) is kept as is; :data:`SUMMED` values add up; :data:`SLOWEST` take the maximum;
+    any other rank-local value (an objective's own statistics) is averaged weighted by the rows
+    each rank trained on, which is exact for per-sequence means and close for per-token ones.
+    """
+    if len(per_rank) == 1:
+        return dict(per_rank[0])
+    rows = [float(m.get("train/samples", 1.0)) for m in per_rank]
+    out: dict[str, float] = {}
+    for key in sorted({k for m in per_rank for k in m}):
+        values = [(float(m[key]), w) for m, w in zip(per_rank, rows, strict=True) if key in m]
+        if key in SUMMED:
+            out[key] = sum(v for v, _ in values)
+        elif key in SLOWEST:
+            out[key] = max(v for v, _ in values)
+        elif all(v == values[0][0] for v, _ in values):
+            out[key] = values[0][0]
+        else:
+            total = sum(w for _, w in values)
+            out[key] = sum(v * w for v, w in values) / total if total else values[0][0]
+    return out

@@ -1,0 +1,330 @@
+"""Ray placement: the same role classes as ``placement.local``, each in its own Ray actor.
+
+Actors: ``placement.policy_ranks`` policy ranks (one ``torch.distributed`` group, gloo on CPU,
+nccl on GPU), one rollout actor with its own copy of the weights, one reward actor. Every actor
+rebuilds the config from ``config_path`` + the override list; the driver checks that each one
+resolved exactly the driver's config. The objective builder travels by reference (module and
+name), so it must be a module-level function or a ``functools.partial`` of one.
+
+Weight sync: policy rank 0 puts its state dict into the object store once per sync and hands
+the driver a reference; the rollout actor loads the weights from that reference. The bulk never
+passes through the driver.
+
+Failures: every wait on actors returns at the first error; a dead actor or an unexpected error
+raises :class:`RoleFailedError` naming the role, after which ``close`` ends the other actors (a
+rank blocked in a collective included). A posttrain error raised inside a role (a bad data row, a
+failing reward function, non-finite training) is re-raised as itself, as in a local run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posttrain.config import ConfigError, PosttrainConfig, to_dict
+
+try:
+    import ray
+    from ray.exceptions import RayActorError, RayError, RayTaskError
+except ImportError as e:  # an optional extra
+    raise ConfigError(
+        f"placement.backend=ray needs Ray ({e}); install it with pip install 'posttrain[ray]'"
+    ) from e
+
+from posttrain.entrypoints.common import BuilderError, check_builder
+from posttrain.placement.dispatch import merge_rank_metrics, shard_batch
+from posttrain.placement.errors import RoleFailedError
+from posttrain.placement.ray_host import (
+    GroupSpec,
+    PolicyHost,
+    RewardHost,
+    RolloutHost,
+    worker_pythonpath,
+)
+from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
+
+log = logging.getLogger("posttrain")
+
+#: Seconds all actors get to be scheduled and build their role (loading models included).
+START_TIMEOUT_S = 600.0
+#: After one actor fails, how long to look for a death among the others (the root cause: a rank
+#: that loses its peer fails too, and the report should name the peer that died).
+DEATH_GRACE_S = 5.0
+#: torch.distributed timeout of the policy group; the driver's own failure checks come first.
+GROUP_TIMEOUT_S = 1800.0
+
+
+@dataclass
+class _Actors:
+    """Named actor handles and how to end them; shared by the role facades."""
+
+    handles: dict[str, Any] = field(default_factory=dict)
+    checkpoints: str = ""
+
+    def gather(self, calls: Sequence[tuple[str, Any]], timeout: float | None = None) -> list:
+        """Results of ``(role name, ObjectRef)`` calls, raising at the first failure."""
+        names = {ref: name for name, ref in calls}
+        pending = [ref for _, ref in calls]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                late = ", ".join(names[r] for r in pending)
+                raise RoleFailedError(
+                    f"{late} did not start within {timeout:.0f} s; the Ray cluster may lack free "
+                    "resources for them (see placement.cpus_per_role / placement.gpus_per_role)"
+                )
+            try:
+                ray.get(ready[0])
+            except RayError as e:
+                raise self._failure(names, names[ready[0]], e, pending) from e
+        return ray.get([ref for _, ref in calls])
+
+    def _failure(self, names, name: str, error: RayError, pending) -> BaseException:
+        if not isinstance(error, RayActorError) and pending:
+            done, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except RayActorError as death:
+                    name, error = names[ref], death
+                    break
+                except RayError:
+                    pass
+        if isinstance(error, RayActorError):
+            return RoleFailedError(
+                f"the {name} actor died ({_first_lines(error)}); the run stopped. Complete "
+                f"checkpoints under {self.checkpoints} are intact: rerun with rl.resume=auto to "
+                "continue from the last one"
+            )
+        cause = getattr(error, "cause", None) if isinstance(error, RayTaskError) else None
+        if isinstance(cause, ConfigError) or type(cause).__module__.startswith("posttrain."):
+            return cause
+        log.error("%s failed; remote traceback:\n%s", name, error)
+        what = f"{type(cause).__name__}: {cause}" if cause is not None else _first_lines(error)
+        return RoleFailedError(f"the {name} role failed: {what}")
+
+    def close(self) -> None:
+        for handle in self.handles.values():
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception as e:  # already gone: nothing to end
+                log.debug("ray.kill: %s", e)
+        self.handles.clear()
+
+
+def _first_lines(error: BaseException) -> str:
+    """An error's message without Ray's indented detail lines (ids, pids, addresses)."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip() and ln[:1] != "\t"]
+    return " ".join(lines) or type(error).__name__
+
+
+class RemoteRole:
+    """A role in one actor: ``facade.method(...)`` runs ``role.method(...)`` there and waits."""
+
+    def __init__(self, actors: _Actors, name: str) -> None:
+        self._actors, self._name = actors, name
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            host = self._actors.handles[self._name]
+            return self._actors.gather([(self._name, host.call.remote(method, *args, **kwargs))])[0]
+
+        return call
+
+
+class RayPolicy:
+    """The policy's data-parallel ranks behind the interface of one ``PolicyRole``."""
+
+    def __init__(self, actors: _Actors, ranks: int, mini_batches: int) -> None:
+        self._actors = actors
+        self.names = [f"policy rank {r}" for r in range(ranks)]
+        self.mini_batches = mini_batches
+
+    def _all(self, method: str, per_rank_args: Sequence[tuple] | None = None) -> list:
+        per_rank_args = per_rank_args or [()] * len(self.names)
+        calls = [
+            (name, self._actors.handles[name].call.remote(method, *args))
+            for name, args in zip(self.names, per_rank_args, strict=True)
+        ]
+        return self._actors.gather(calls)
+
+    def resume(self):
+        return self._all("resume")[0]
+
+    def train(self, batch) -> dict[str, float]:
+        shards = shard_batch(batch, len(self.names), self.mini_batches)
+        return merge_rank_metrics(self._all("train", [(s,) for s in shards]))
+
+    def save(self, step: int, data_state) -> str:
+        return self._all("save", [(step, data_state)] * len(self.names))[0]
+
+
+@dataclass
+class RayRoles:
+    """The roles of a run placed as Ray actors (same interface as ``LocalRoles``)."""
+
+    policy: RayPolicy
+    rollout: RemoteRole
+    reward: RemoteRole
+    actors: _Actors
+    worker_configs: dict[str, dict[str, Any]]
+    owns_ray: bool
+    last_sync: dict[str, int] = field(default_factory=dict)
+
+    def sync_weights(self) -> int:
+        """Rank 0's state dict goes into the object store once; the rollout actor loads it."""
+        a = self.actors
+        meta = a.gather([("policy rank 0", a.handles["policy rank 0"].put.remote("weights"))])[0]
+        self.last_sync = {"bytes": meta["bytes"], "tensors": meta["tensors"]}
+        return a.gather([("rollout", a.handles["rollout"].call.remote("sync", meta["ref"][0]))])[0]
+
+    def close(self) -> None:
+        self.actors.close()
+        if self.owns_ray:
+            ray.shutdown()
+
+
+def place_ray(
+    config: PosttrainConfig,
+    config_path: str,
+    opts: Sequence[str],
+    build_objective_fn: ObjectiveBuilder,
+    run_dir: str,
+) -> RayRoles:
+    """Start (or join) Ray, place every role as an actor, and check what each one resolved."""
+    check_builder(build_objective_fn)
+    _check_serialisable(build_objective_fn)
+    pc = config.placement
+    ranks = pc.policy_ranks
+    owns_ray = _connect(pc.ray_address, cpus_needed=pc.cpus_per_role * (ranks + 2))
+    _check_capacity(pc, ranks)
+    run_dir = str(Path(run_dir).resolve())
+    gpu = pc.gpus_per_role > 0
+    device = "cuda" if gpu else None
+    env = {"PYTHONPATH": worker_pythonpath(), "OMP_NUM_THREADS": str(pc.torch_threads_per_process)}
+
+    def host(cls: type, num_gpus: float):
+        return (
+            ray.remote(cls)
+            .options(num_cpus=pc.cpus_per_role, num_gpus=num_gpus, runtime_env={"env_vars": env})
+            .remote(pc.torch_threads_per_process, os.getcwd())
+        )
+
+    actors = _Actors(checkpoints=str(Path(run_dir) / "checkpoints"))
+    try:
+        for r in range(ranks):
+            actors.handles[f"policy rank {r}"] = host(PolicyHost, pc.gpus_per_role)
+        actors.handles["rollout"] = host(RolloutHost, pc.gpus_per_role)
+        actors.handles["reward"] = host(RewardHost, 0.0)
+        starts = _start_roles(actors, config_path, list(opts), build_objective_fn, run_dir,
+                              ranks, device, "nccl" if gpu else "gloo")  # fmt: skip
+        configs = dict(zip(actors.handles, actors.gather(starts, START_TIMEOUT_S), strict=True))
+        _check_worker_configs(to_dict(config), configs)
+    except BaseException:
+        actors.close()
+        if owns_ray:
+            ray.shutdown()
+        raise
+    return RayRoles(
+        policy=RayPolicy(actors, ranks, config.rl.mini_batch_per_replica),
+        rollout=RemoteRole(actors, "rollout"),
+        reward=RemoteRole(actors, "reward"),
+        actors=actors,
+        worker_configs=configs,
+        owns_ray=owns_ray,
+    )
+
+
+def _start_roles(actors, config_path, opts, builder, run_dir, ranks, device, backend):
+    h = actors.handles
+    group = []
+    if ranks > 1:
+        address, port = actors.gather(
+            [("policy rank 0", h["policy rank 0"].rendezvous.remote())], START_TIMEOUT_S
+        )[0]
+        group = [GroupSpec(backend, address, port, r, ranks, GROUP_TIMEOUT_S) for r in range(ranks)]
+    calls = []
+    for r in range(ranks):
+        name = f"policy rank {r}"
+        spec = group[r] if group else None
+        args = (config_path, opts, builder, run_dir)
+        calls.append((name, h[name].start.remote(PolicyRole, args, {"device": device}, spec)))
+    calls.append(("rollout", h["rollout"].start.remote(RolloutRole, (config_path, opts),
+                                                       {"device": device})))  # fmt: skip
+    calls.append(("reward", h["reward"].start.remote(RewardRole, (config_path, opts), {})))
+    return calls
+
+
+def _check_serialisable(fn: ObjectiveBuilder) -> None:
+    import pickle
+
+    try:
+        pickle.dumps(fn)
+    except Exception as e:
+        raise BuilderError(
+            f"build_objective_fn cannot travel to Ray workers ({type(e).__name__}: {e}); use a "
+            "module-level function, or functools.partial over plain values"
+        ) from None
+
+
+def _connect(address: str, cpus_needed: float) -> bool:
+    """Join ``address`` or start a local instance; True when this call connected (and so
+    disconnects at the end: a joined cluster keeps running, a started instance stops)."""
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return True
+    # A local instance declares at least the CPUs the roles ask for: logical CPUs only gate
+    # scheduling, and one torch thread per process keeps the real load at the core count.
+    cpus = max(os.cpu_count() or 1, int(-(-cpus_needed // 1)))
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True)
+    return True
+
+
+def _check_capacity(pc, ranks: int) -> None:
+    total = ray.cluster_resources()
+    cpus = pc.cpus_per_role * (ranks + 2)
+    gpus = pc.gpus_per_role * (ranks + 1)
+    if cpus > total.get("CPU", 0.0) + 1e-9:
+        raise ConfigError(
+            f"the roles ask for {cpus:g} CPUs (placement.cpus_per_role={pc.cpus_per_role:g} x "
+            f"{ranks + 2} actors) but the Ray cluster has {total.get('CPU', 0.0):g}; lower "
+            "placement.cpus_per_role or add nodes"
+        )
+    if gpus > total.get("GPU", 0.0) + 1e-9:
+        raise ConfigError(
+            f"the roles ask for {gpus:g} GPUs (placement.gpus_per_role={pc.gpus_per_role:g} x "
+            f"{ranks + 1} model actors) but the Ray cluster has {total.get('GPU', 0.0):g}; lower "
+            "placement.gpus_per_role or add GPU nodes"
+        )
+
+
+def _check_worker_configs(driver: dict, workers: dict[str, dict]) -> None:
+    """Every actor must have resolved the driver's config (same recipe file, same overrides)."""
+    want = _flat(driver)
+    for name, cfg in workers.items():
+        got = _flat(cfg)
+        diff = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+        if diff:
+            raise ConfigError(
+                f"the {name} actor resolved a different config at {', '.join(diff[:5])}; every "
+                "node must see the same recipe file and model folder at the same path"
+            )
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out

@@ -1,0 +1,133 @@
+"""Placement pieces that need no Ray: rank dispatch, metric merge, worker environment, checks."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+from conftest import random_batch, tiny_llama
+from hypothesis import given
+from hypothesis import strategies as st
+
+from posttrain.config import ConfigError
+from posttrain.config.build import build_objective
+from posttrain.placement.dispatch import merge_rank_metrics, rank_rows, shard_batch
+from posttrain.placement.local import place_local
+from posttrain.placement.ray_host import worker_pythonpath
+from posttrain.trainer.accumulate import split_evenly
+
+
+@st.composite
+def splits(draw):
+    ranks = draw(st.integers(1, 5))
+    minis = draw(st.integers(1, 5))
+    rows = draw(st.integers(ranks * minis, ranks * minis + 40))
+    return rows, ranks, minis
+
+
+@given(splits())
+def test_each_rank_trains_its_share_of_every_global_mini_batch(case):
+    """Rank r's k-th mini-batch, as the trainer cuts r's shard, is exactly r's part of the
+    k-th mini-batch one rank would take; together the ranks cover it without overlap."""
+    rows, ranks, minis = case
+    shards = rank_rows(rows, ranks, minis)
+    assert sorted(i for s in shards for i in s) == list(range(rows))
+    per_rank_minis = [[shard[sl] for sl in split_evenly(len(shard), minis)] for shard in shards]
+    for k, mini in enumerate(split_evenly(rows, minis)):
+        got = sorted(i for r in range(ranks) for i in per_rank_minis[r][k])
+        assert got == list(range(mini.start, mini.stop))
+        assert all(per_rank_minis[r][k] for r in range(ranks))  # every rank has rows in it
+
+
+def test_rank_rows_worked_example():
+    # 10 rows, 2 mini-batches of 5, 2 ranks: rank 0 takes 3 of each, rank 1 takes 2.
+    assert rank_rows(10, 2, 2) == [[0, 1, 2, 5, 6, 7], [3, 4, 8, 9]]
+    with pytest.raises(ValueError, match="placement.policy_ranks"):
+        rank_rows(3, 2, 2)
+
+
+def test_shard_batch_keeps_whole_rows_and_their_annotations():
+    batch = random_batch(b=8, group_size=4)
+    shards = shard_batch(batch, 2, 2)
+    assert [s.sample_ids.tolist() for s in shards] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    for s in shards:
+        idx = s.sample_ids
+        assert (s.input_ids == batch.input_ids[idx]).all()
+        assert (s.advantages == batch.advantages[idx]).all()
+        assert s.input_ids.shape[1] == batch.input_ids.shape[1]  # same P + R as the batch
+    assert shard_batch(batch, 1, 3) == [batch]
+
+
+def test_merge_rank_metrics():
+    a = {"train/loss": 0.5, "train/samples": 3.0, "train/step_time_s": 1.0, "train/x": 1.0}
+    b = {"train/loss": 0.5, "train/samples": 1.0, "train/step_time_s": 2.0, "train/x": 5.0}
+    merged = merge_rank_metrics([a, b])
+    assert merged == {
+        "train/loss": 0.5,  # global on every rank: kept
+        "train/samples": 4.0,  # summed
+        "train/step_time_s": 2.0,  # slowest rank
+        "train/x": 2.0,  # rank-local: weighted by rows, (3*1 + 1*5) / 4
+    }
+    assert merge_rank_metrics([a]) == a
+
+
+def test_worker_pythonpath_reaches_project_and_test_code(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    dirs = worker_pythonpath().split(os.pathsep)
+    src = os.path.dirname(os.path.dirname(sys.modules["posttrain"].__file__))
+    assert dirs[0] == os.path.realpath(src)
+    assert str(tmp_path) in dirs
+    assert os.path.realpath(os.path.dirname(__file__)) in dirs  # pytest put tests/ on sys.path
+    assert not any(d.startswith(os.path.realpath(sys.prefix) + os.sep) for d in dirs)
+
+
+def test_local_placement_refuses_several_policy_ranks(tmp_path):
+    opts = [f"job.output_root={tmp_path}", "placement.policy_ranks=2"]
+    with pytest.raises(ConfigError, match="placement.policy_ranks=2 needs placement.backend=ray"):
+        place_local("arithmetic", opts, build_objective, str(tmp_path))
+
+
+def test_a_worker_that_resolved_another_config_is_refused():
+    pytest.importorskip("ray")
+    from posttrain.placement.ray import _check_worker_configs
+
+    driver = {"rl": {"lr": 0.01, "max_steps": 3}, "job": {"name": "a"}}
+    _check_worker_configs(
+        driver, {"reward": {"rl": {"lr": 0.01, "max_steps": 3}, "job": {"name": "a"}}}
+    )
+    with pytest.raises(ConfigError, match="the rollout actor resolved a different config at rl.lr"):
+        _check_worker_configs(driver, {"rollout": {"rl": {"lr": 0.001, "max_steps": 3},
+                                                   "job": {"name": "a"}}})  # fmt: skip
+
+
+def test_tied_weights_travel_once_and_load_strictly():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from posttrain.placement.roles import untied_state, with_tied_keys
+
+    def build(seed: int) -> LlamaForCausalLM:
+        torch.manual_seed(seed)
+        cfg = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+        return LlamaForCausalLM(cfg)
+
+    sender, receiver = build(0), build(1)
+    full = sender.state_dict()
+    sent = untied_state(sender)
+    assert "lm_head.weight" in full and "lm_head.weight" not in sent
+    assert set(full) - set(sent) == {"lm_head.weight"}
+    receiver.load_state_dict(with_tied_keys(receiver, sent), strict=True)
+    for key, value in receiver.state_dict().items():
+        assert torch.equal(value, full[key]), key
+    assert receiver.lm_head.weight.data_ptr() == receiver.model.embed_tokens.weight.data_ptr()
+    untied = tiny_llama()  # no tied tensors: nothing is left out
+    assert untied_state(untied).keys() == untied.state_dict().keys()
+
+
+def test_ray_backend_without_ray_installed_is_a_config_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without the extra sees
+    monkeypatch.delitem(sys.modules, "posttrain.placement.ray", raising=False)
+    with pytest.raises(ConfigError, match=r"pip install 'posttrain\[ray\]'"):
+        import posttrain.placement.ray  # noqa: F401

@@ -1,0 +1,272 @@
+"""Ray placement on a local 2-CPU Ray instance (started once for this module).
+
+The arithmetic recipe for three steps in-process, on Ray with one policy rank and on Ray with
+two: the same rewards and the same parameters. Builders and reward functions below are at module
+scope so the actors import them by name (this file's directory reaches them through the
+PYTHONPATH the placement hands its workers).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from safetensors.torch import load_file  # noqa: E402
+
+from posttrain.config import load_config  # noqa: E402
+from posttrain.config.build import build_objective  # noqa: E402
+from posttrain.entrypoints import grpo  # noqa: E402
+from posttrain.entrypoints.cli import EXIT_RUN_ERROR  # noqa: E402
+from posttrain.entrypoints.common import BuilderError  # noqa: E402
+from posttrain.model.tiny import build_tiny_model  # noqa: E402
+from posttrain.placement.ray import place_ray  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 3
+RAY = {"placement.backend": "ray", "placement.cpus_per_role": 0.5}
+
+
+def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
+    """Varies across an untrained model's samples, so every step has non-zero advantages."""
+    return float(sum(c.isdigit() for c in completion))
+
+
+def recording_builder(record_dir: str, rl, ctx):
+    """Builds the normal objective and notes, from inside the policy process, what it sees."""
+    import torch.distributed as dist
+
+    on = dist.is_available() and dist.is_initialized()
+    row = {
+        "pid": os.getpid(),
+        "lr": rl.lr,
+        "threads": torch.get_num_threads(),
+        "rank": dist.get_rank() if on else 0,
+        "world": dist.get_world_size() if on else 1,
+    }
+    (Path(record_dir) / f"{os.getpid()}.json").write_text(json.dumps(row))
+    return build_objective(rl, ctx)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
+
+
+def opts_for(root: Path, model: Path, **extra) -> list[str]:
+    opts = {
+        "job.output_root": str(root),
+        "model.name_or_path": str(model),
+        "data.train_size": 60,
+        "data.val_size": 4,
+        "data.prompts_per_step": 4,
+        "rollout.n": 4,
+        "rollout.max_tokens": 3,
+        "reward.functions": "[test_placement_ray:digit_reward]",
+        "rl.lr": 0.01,
+        "rl.max_steps": STEPS,
+        "rl.save_every": STEPS,
+        "rl.eval_every": 0,
+        "rl.micro_batch_size": 4,
+        "rl.mini_batch_per_replica": 2,
+        "logging.progress": False,
+    }
+    opts.update(extra)
+    return [f"{k}={v}" for k, v in opts.items()]
+
+
+def train(opts: list[str], builder=build_objective) -> dict:
+    config = load_config("arithmetic", ["--", *opts])
+    return grpo.run(config, "arithmetic", opts, grpo.default_out_dir(config), builder)
+
+
+def rows_of(summary: dict) -> list[dict]:
+    text = (Path(summary["run_dir"]) / "metrics.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def final_params(summary: dict) -> dict[str, torch.Tensor]:
+    ckpt = Path(summary["run_dir"]) / "checkpoints" / f"step_{STEPS:08d}" / "model"
+    return load_file(str(ckpt / "model.safetensors"))
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(path.glob("*.json"))]
+
+
+def test_nested_builder_is_refused_before_any_actor_starts(cluster, tmp_path, tiny_dir):
+    def nested(rl, ctx):
+        return build_objective(rl, ctx)
+
+    opts = opts_for(tmp_path, tiny_dir, **RAY)
+    config = load_config("arithmetic", ["--", *opts])
+    free = ray.available_resources().get("CPU")
+    for bad in (nested, functools.partial(recording_builder, lambda: 0)):
+        with pytest.raises(BuilderError, match="module scope|cannot travel to Ray workers"):
+            place_ray(config, "arithmetic", opts, bad, str(tmp_path / "run"))
+    assert ray.available_resources().get("CPU") == free == 2.0
+
+
+@pytest.fixture(scope="module")
+def runs(cluster, tiny_dir, tmp_path_factory):
+    """Three runs of the same recipe and seed: in-process, Ray with 1 policy rank, with 2."""
+    root = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, extra in [
+        ("local", {}),
+        ("ray1", RAY),
+        ("ray2", {**RAY, "placement.policy_ranks": 2}),
+    ]:
+        rec = root / f"rec_{name}"
+        rec.mkdir()
+        builder = functools.partial(recording_builder, str(rec))
+        summary = train(opts_for(root / name, tiny_dir, **extra), builder)
+        out[name] = (summary, records(rec))
+    return out
+
+
+def _comparable(rows: list[dict]) -> list[dict]:
+    timing = ("time/", "perf/")
+    return [
+        {k: v for k, v in r.items() if not k.startswith(timing) and not k.endswith(("per_s", "_s"))}
+        for r in rows
+    ]
+
+
+def test_ray_equals_local_exactly(runs, tiny_dir):
+    local, ray1 = runs["local"][0], runs["ray1"][0]
+    a, b = rows_of(local), rows_of(ray1)
+    assert [r["step"] for r in a] == list(range(STEPS + 1))  # step 0: the initial evaluation
+    # The rewards vary within groups, so every step moves the weights.
+    assert all(r["train/reward_std"] > 0 for r in a[1:])
+    assert _comparable(a) == _comparable(b)  # rewards, losses, grad norms: bit-identical
+    initial = load_file(str(tiny_dir / "model.safetensors"))
+    pa, pb = final_params(local), final_params(ray1)
+    assert pa.keys() == pb.keys()
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), k
+    assert max(float((pa[k] - initial[k]).abs().max()) for k in pa) > 1e-3
+
+
+def test_two_policy_ranks_make_the_single_rank_update(runs):
+    """Bit-identical here by construction: each step has two mini-batches of 8 rows; one rank
+    cuts each into two micro-batches of 4, two ranks take 4 rows of each. Either way the step's
+    gradient is the sum of the same two 4-row partial gradients, and a sum of two floats does
+    not depend on its order. (With more terms the sums would agree only to float rounding.) A
+    dispatcher that gave rank 0 the first half of the batch would put other rows together and
+    fail this test."""
+    one, two = runs["local"][0], runs["ray2"][0]
+    a, b = rows_of(one), rows_of(two)
+    assert _comparable(a) == _comparable(b)
+    assert all(r["train/objective_weight"] > 0 for r in a[1:])
+    pa, pb = final_params(one), final_params(two)
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), k
+
+
+def test_workers_see_the_overrides_and_one_torch_thread(runs):
+    (_, local_rec), (_, one), (_, two) = runs["local"], runs["ray1"], runs["ray2"]
+    assert [r["pid"] for r in local_rec] == [os.getpid()]
+    assert len(one) == 1 and sorted((r["rank"], r["world"]) for r in two) == [(0, 2), (1, 2)]
+    for row in one + two:
+        assert row["pid"] != os.getpid()  # built inside an actor process
+        assert row["lr"] == 0.01  # the command-line override, not the recipe's 1e-3
+        assert row["threads"] == 1
+
+
+def policy_host_pids(cwd: Path) -> list[int]:
+    """Processes hosting a policy rank of the run started in ``cwd`` (Ray titles them
+    ``ray::PolicyHost...``; the host moves into the driver's working directory)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            title = (proc / "cmdline").read_bytes()
+            here = Path(os.readlink(proc / "cwd"))
+        except OSError:
+            continue
+        if proc.name.isdigit() and title.startswith(b"ray::PolicyHost") and here == cwd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_killed_policy_rank_stops_a_cli_run_that_joined_the_cluster(cluster, tiny_dir, tmp_path):
+    """A CLI driver joins this module's Ray instance by address and trains on two policy ranks;
+    one rank is killed mid-run. The driver exits non-zero within a bounded time with one line
+    naming the role (the surviving rank, blocked in a collective, is ended, not waited on), and
+    the last complete checkpoint loads."""
+    address = ray.get_runtime_context().gcs_address
+    opts = opts_for(tmp_path, tiny_dir, **RAY, **{
+        "placement.ray_address": address, "placement.policy_ranks": 2, "rl.max_steps": 1000,
+        "rl.save_every": 1,
+    })  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO / 'tests'}"}
+    cmd = [sys.executable, "-m", "posttrain.entrypoints.grpo", "--config", "arithmetic", "--"]
+    driver = subprocess.Popen(
+        [*cmd, *opts], cwd=tmp_path, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    ckpts = tmp_path / "grpo" / "arithmetic_tiny" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not (ckpts / "step_00000002" / "COMPLETE").exists():
+        assert driver.poll() is None, driver.communicate()[1]
+        assert time.monotonic() < deadline, "the run never reached its second checkpoint"
+        time.sleep(0.05)
+    victims = policy_host_pids(tmp_path.resolve())
+    assert len(victims) == 2, victims
+    os.kill(victims[-1], signal.SIGKILL)
+    killed = time.monotonic()
+    _, stderr = driver.communicate(timeout=60)
+    assert time.monotonic() - killed < 30
+    assert driver.returncode == EXIT_RUN_ERROR, stderr
+    # Actor output is forwarded to the driver's stderr too; the CLI's own report is one line.
+    report = [ln for ln in stderr.splitlines() if ln.startswith("posttrain:")]
+    assert len(report) == 1 and "RoleFailedError" in report[0], stderr
+    assert "policy rank" in report[0] and "died" in report[0] and "rl.resume=auto" in report[0]
+    done = sorted(p for p in ckpts.glob("step_*") if (p / "COMPLETE").exists())
+    last = done[-1]
+    assert int(last.name.split("_")[1]) >= 2
+    assert load_file(str(last / "model" / "model.safetensors"))
+    assert torch.load(last / "trainer.pt", weights_only=True)["global_step"] >= 2
+    assert json.loads((last / "meta.json").read_text())["world_size"] == 2
+
+
+def test_role_errors_are_translated():
+    """Without a cluster: how the driver reports what a remote call raised."""
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    from posttrain.config import ConfigError
+    from posttrain.placement.errors import RoleFailedError
+    from posttrain.placement.ray import _Actors
+    from posttrain.reward.stage import RewardError
+
+    actors = _Actors(checkpoints="/runs/x/checkpoints")
+
+    def remote(cause):
+        return RayTaskError("call", "Traceback: ...", cause, proctitle="t", pid=1, ip="127.0.0.1")
+
+    for own in (RewardError("reward function 'm:f' raised"), ConfigError("rl.lr: bad")):
+        assert actors._failure({}, "reward", remote(own), []) is own  # as in a local run
+    bug = actors._failure({}, "rollout", remote(KeyError("w")), [])
+    assert isinstance(bug, RoleFailedError)
+    assert str(bug) == "the rollout role failed: KeyError: 'w'"
+    died = actors._failure({}, "policy rank 1", ActorDiedError(), [])
+    assert isinstance(died, RoleFailedError) and "\n" not in str(died)
+    assert str(died).startswith("the policy rank 1 actor died (The actor died unexpectedly")
+    assert "/runs/x/checkpoints" in str(died) and "rl.resume=auto" in str(died)
