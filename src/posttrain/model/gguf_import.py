@@ -58,11 +58,11 @@ def import_gguf(out_dir: str | Path, gguf_path: str | Path | None = None) -> Pat
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _require("gguf")
-    _require("accelerate")
     src = Path(gguf_path) if gguf_path is not None else find_smollm2_gguf()
     if not src.is_file():
         raise ValueError(f"GGUF file {str(src)!r} does not exist")
+    _require("gguf")
+    _require("accelerate")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} exists and is not a directory; choose another path")
