@@ -78,8 +78,12 @@ CASES: list[tuple[str, list[str], str, list[str]]] = [
       "rl.mini_batch_per_replica=2"]),
     ("ray_knobs_need_ray", ["placement.gpus_per_role=1"], "placement.gpus_per_role=1.0 is never",
      ["placement.gpus_per_role=1", "placement.backend=ray"]),
+    ("ray_knobs_need_ray", ["placement.policy_ranks=2"], "placement.policy_ranks=2 is never",
+     ["placement.policy_ranks=2", "placement.backend=ray"]),
     ("ray_knobs_need_ray", ["placement.ray_address=head:6379"], "placement.ray_address=head:6379",
      ["placement.ray_address=head:6379", "placement.backend=ray"]),
+    ("adam_betas_need_adamw", ["rl.optimizer=sgd", "rl.adam_beta2=0.99"],
+     "rl.adam_beta2=0.99 is never read by rl.optimizer=sgd", ["rl.adam_beta2=0.99"]),
     ("wandb_knobs_need_wandb", ["logging.wandb_mode=online"], "logging.wandb_mode=online is never",
      ["logging.wandb_mode=online", "logging.wandb=true"]),
     # warnings

@@ -92,6 +92,16 @@ class RLConfig(Section):
         0.0, ge=0, description="Weight decay given to the optimizer (decoupled in AdamW)."
     )
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Policy optimizer.")
+    adam_beta1: float = Field(
+        0.9, ge=0, lt=1, description="AdamW first-moment decay (read when rl.optimizer=adamw)."
+    )
+    adam_beta2: float = Field(
+        0.999,
+        ge=0,
+        lt=1,
+        description="AdamW second-moment decay; lower (0.99) adapts faster to the shifting "
+        "gradient scale of RL from scratch.",
+    )
     max_steps: int = Field(200, ge=1, description="Number of optimizer steps to train.")
     save_every: int = Field(
         50, ge=0, description="Checkpoint every this many steps; 0 saves only at the end."

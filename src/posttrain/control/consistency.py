@@ -123,15 +123,28 @@ def batch_covers_updates(cfg: PosttrainConfig) -> str | None:
     "placement.ray_address",
     "placement.cpus_per_role",
     "placement.gpus_per_role",
+    "placement.policy_ranks",
 )
 def ray_knobs_need_ray(cfg: PosttrainConfig) -> str | None:
-    """Ray address and per-actor resources are read only by placement.backend=ray."""
+    """Ray address, per-actor resources and several policy ranks need placement.backend=ray
+    (in-process placement runs one policy rank)."""
     if cfg.placement.backend == "ray":
         return None
-    knobs = changed(cfg.placement, "ray_address", "cpus_per_role", "gpus_per_role")
+    knobs = changed(cfg.placement, "ray_address", "cpus_per_role", "gpus_per_role", "policy_ranks")
     if not knobs:
         return None
     return f"{are(knobs)} never read by placement.backend=local; reset or use backend=ray"
+
+
+@error("rl.optimizer", "rl.adam_beta1", "rl.adam_beta2")
+def adam_betas_need_adamw(cfg: PosttrainConfig) -> str | None:
+    """The Adam moment decays are read only by rl.optimizer=adamw."""
+    if cfg.rl.optimizer == "adamw":
+        return None
+    knobs = changed(cfg.rl, "adam_beta1", "adam_beta2")
+    if not knobs:
+        return None
+    return f"{are(knobs)} never read by rl.optimizer={cfg.rl.optimizer}; reset or use adamw"
 
 
 @error("logging.wandb", "logging.wandb_mode", "logging.wandb_project")
@@ -156,5 +169,6 @@ RULES = (
     eval_needs_validation_data,
     batch_covers_updates,
     ray_knobs_need_ray,
+    adam_betas_need_adamw,
     wandb_knobs_need_wandb,
 )

@@ -66,6 +66,7 @@ class PolicyRole:
             micro_batch_size=rl.micro_batch_size,
             optimizer=rl.optimizer,
             weight_decay=rl.weight_decay,
+            betas=(rl.adam_beta1, rl.adam_beta2),
             grad_clip=rl.grad_clip,
             lr_schedule=rl.lr_schedule,
             warmup_steps=rl.warmup_steps,
