@@ -8,7 +8,8 @@ measured against the plain ``legacy_pg`` root recipe (which collapses to one con
   exploration continues after the first answers are found;
 - a small shaping reward for numbers close to the answer (``numeric_closeness``) on top of the
   exact verifier gives a gradient before the first exact hit;
-- 16 samples per prompt, weight decay 1.0 and a cosine learning-rate decay for a stable finish.
+- 16 samples per prompt, AdamW with beta2 0.99, weight decay 1.0 and a cosine learning-rate
+  decay for a stable finish.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ def build_config() -> PosttrainConfig:
     cfg.rl.kl_beta = 0.1
     cfg.rl.lr = 1e-3
     cfg.rl.lr_schedule = "cosine"
+    cfg.rl.adam_beta2 = 0.99
     cfg.rl.weight_decay = 1.0
-    cfg.rl.max_steps = 1500
-    cfg.rl.eval_every = 100
-    cfg.rl.save_every = 500
+    cfg.rl.max_steps = 3000
+    cfg.rl.eval_every = 250
+    cfg.rl.save_every = 1000
     cfg.rl.micro_batch_size = 256
     cfg.rl.grad_clip = 1.0
     return cfg
