@@ -10,7 +10,7 @@ from posttrain.config import load_config
 from posttrain.config.build import build_objective
 from posttrain.entrypoints import grpo
 
-STEPS = 600
+STEPS = 1000
 
 
 def test_held_out_accuracy_rises_from_random_init(tmp_path):
@@ -20,6 +20,7 @@ def test_held_out_accuracy_rises_from_random_init(tmp_path):
         f"rl.max_steps={STEPS}",
         f"rl.eval_every={STEPS}",
         "rl.save_every=0",
+        "rl.lr_schedule=constant",
         "logging.progress=false",
     ]
     config = load_config("arithmetic_clipped", ["--", *opts])
@@ -27,4 +28,4 @@ def test_held_out_accuracy_rises_from_random_init(tmp_path):
         config, "arithmetic_clipped", opts, grpo.default_out_dir(config), build_objective
     )
     assert summary["initial_val_accuracy"] <= 0.05
-    assert summary["final_val_accuracy"] >= 0.3
+    assert summary["final_val_accuracy"] >= 0.4, summary
