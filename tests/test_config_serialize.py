@@ -39,6 +39,11 @@ _SPECIAL: dict[str, st.SearchStrategy] = {
     "reward.functions": st.lists(
         st.from_regex(r"[a-z_][a-z0-9_.]{0,6}:[a-z_][a-z0-9_]{0,6}", fullmatch=True), max_size=3
     ),
+    "data.reasoning_gym_options": st.dictionaries(
+        st.from_regex(r"[a-z_]{1,8}", fullmatch=True),
+        st.integers(-100, 100) | st.booleans() | st.from_regex(r"[a-z]{0,5}", fullmatch=True),
+        max_size=3,
+    ),
     "rl.lower_bound_ratio": st.one_of(st.just(0.0), st.floats(1.0, 100.0, exclude_min=True)),
 }
 

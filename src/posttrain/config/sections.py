@@ -117,6 +117,12 @@ class DataConfig(Section):
         min_length=1,
         description="reasoning_gym dataset name; read only for `task=reasoning_gym`.",
     )
+    reasoning_gym_options: dict[str, int | float | str | bool] = Field(
+        default_factory=dict,
+        description="Keyword options of the reasoning_gym dataset (its difficulty knobs, e.g. "
+        "`{min_digits: 1, max_digits: 2, min_terms: 2, max_terms: 2}` for basic_arithmetic); read "
+        "only for `task=reasoning_gym`.",
+    )
     digits: int = Field(
         2, ge=1, le=18, description="Digits per operand; read only for `task=arithmetic`."
     )

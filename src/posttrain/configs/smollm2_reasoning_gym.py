@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct on reasoning-gym's ``basic_arithmetic``, with the clipped surrogate.
+"""SmolLM2-135M-Instruct on reasoning-gym's ``basic_arithmetic`` (two short terms), clipped surrogate.
 
 A real pretrained model, entirely offline. Create the model folder once::
 
@@ -30,6 +30,13 @@ def build_config() -> PosttrainConfig:
 
     cfg.data.task = "reasoning_gym"
     cfg.data.reasoning_gym_dataset = "basic_arithmetic"
+    # Two one- or two-digit terms: within reach of a 135M model, so before/after is informative.
+    cfg.data.reasoning_gym_options = {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 2,
+    }
     cfg.data.train_size = 2000
     cfg.data.val_size = 100
     cfg.data.prompts_per_step = 8

@@ -35,15 +35,15 @@ def data_paths_need_jsonl(cfg: PosttrainConfig) -> str | None:
     return f"{are(knobs)} never read by data.task={cfg.data.task}; reset or set data.task=jsonl"
 
 
-@error("data.task", "data.reasoning_gym_dataset")
+@error("data.task", "data.reasoning_gym_dataset", "data.reasoning_gym_options")
 def reasoning_gym_dataset_needs_task(cfg: PosttrainConfig) -> str | None:
-    """Only task=reasoning_gym reads data.reasoning_gym_dataset."""
-    if cfg.data.task == "reasoning_gym" or cfg.data.is_default("reasoning_gym_dataset"):
+    """Only task=reasoning_gym reads data.reasoning_gym_dataset and its options."""
+    if cfg.data.task == "reasoning_gym":
         return None
-    return (
-        f"data.reasoning_gym_dataset={cfg.data.reasoning_gym_dataset} never read by "
-        f"data.task={cfg.data.task}; remove or set data.task=reasoning_gym"
-    )
+    knobs = changed(cfg.data, "reasoning_gym_dataset", "reasoning_gym_options")
+    if not knobs:
+        return None
+    return f"{are(knobs)} never read by data.task={cfg.data.task}; remove or set data.task=reasoning_gym"
 
 
 @error("reward.verifier", "data.task")

@@ -132,6 +132,7 @@ def loop(config: PosttrainConfig, roles, run_dir: Path) -> dict[str, Any]:
         data.task, seed=job.seed, digits=data.digits, operators=data.operators,
         train_size=data.train_size, val_size=data.val_size, train_path=data.train_path,
         val_path=data.val_path, reasoning_gym_dataset=data.reasoning_gym_dataset,
+        reasoning_gym_options=data.reasoning_gym_options,
     )  # fmt: skip
     tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.name_or_path)
     val_items = tasks.val_items()

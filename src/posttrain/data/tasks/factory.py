@@ -29,6 +29,7 @@ def make_task_source(
     train_path: str | Path | None = None,
     val_path: str | Path | None = None,
     reasoning_gym_dataset: str | None = None,
+    reasoning_gym_options: dict | None = None,
 ) -> TaskSource:
     """The source for ``task``.
 
@@ -49,6 +50,7 @@ def make_task_source(
     if task == "reasoning_gym":
         return make_reasoning_gym_source(
             dataset=_need(task, "reasoning_gym_dataset", reasoning_gym_dataset),
+            options=reasoning_gym_options,
             seed=_need(task, "seed", seed),
             train_size=_need(task, "train_size", train_size),
             val_size=_need(task, "val_size", val_size),

@@ -30,7 +30,7 @@ def import_reasoning_gym():
 
 
 def make_reasoning_gym_source(
-    *, dataset: str, seed: int, train_size: int, val_size: int
+    *, dataset: str, seed: int, train_size: int, val_size: int, options: dict | None = None
 ) -> TaskSource:
     """A source of ``train_size`` train and ``val_size`` held-out entries of ``dataset``."""
     rg = import_reasoning_gym()
@@ -41,8 +41,8 @@ def make_reasoning_gym_source(
         )
     bound = val_size + _MAX_DRAWS_PER_ITEM * train_size
     try:
-        ds = rg.create_dataset(dataset, seed=seed, size=bound)
-    except ValueError as e:
+        ds = rg.create_dataset(dataset, seed=seed, size=bound, **(options or {}))
+    except (ValueError, TypeError, AssertionError) as e:
         raise ValueError(f"reasoning_gym task: cannot create dataset {dataset!r}: {e}") from e
     val = [_item(dataset, i, ds[i]) for i in range(val_size)]
     held = {item.prompt for item in val}
