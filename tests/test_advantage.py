@@ -72,3 +72,14 @@ def test_kl_estimators_hand_computed():
     )
     with pytest.raises(ValueError, match="estimator"):
         kl_penalty(logp, ref, m, "k4")
+
+
+def test_equal_rewards_are_zero_variance_despite_rounding():
+    # The mean of five 0.22s is not exactly 0.22 in float64; the group must still count as flat.
+    adv, stats = group_advantages(
+        torch.full((5,), 0.22, dtype=D), torch.zeros(5, dtype=torch.long), group_size=5
+    )
+    assert adv.tolist() == [0.0] * 5 and stats["zero_variance_group_frac"] == 1.0
+    rewards = torch.tensor([0.2, 0.2, 0.2, 0.0, 1.0, 0.0], dtype=D)
+    adv, stats = group_advantages(rewards, torch.tensor([1, 1, 1, 2, 2, 2]), group_size=3)
+    assert adv[:3].tolist() == [0.0] * 3 and stats["zero_variance_group_frac"] == 0.5

@@ -184,6 +184,7 @@ def test_malformed_data_row_names_file_and_line(tmp_path, tiny_dir):
     opts = [
         *quick_opts(tmp_path, tiny_dir),
         "data.task=jsonl", "data.digits=2", f"data.train_path={bad}", "data.val_path=null",
+        "data.train_size=1000", "data.val_size=64",
         "rl.eval_every=0",
     ]  # fmt: skip
     out = _cli(["--config", "arithmetic", "--", *opts], tmp_path)

@@ -60,3 +60,13 @@ def test_plot_renders_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(FileNotFoundError, match="run directory"):
         plot_run(tmp_path / "missing")
+
+
+def test_resume_drops_a_torn_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "train/loss": 1.0}\n{"step": 2, "train/lo')
+    open_sinks(tmp_path, resume_step=2).close()
+    assert [r["step"] for r in _rows(path)] == [1]
+    path.write_text('{"step": 1}\n{"step": 2, "x\n{"step": 3}\n')
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl:2"):
+        open_sinks(tmp_path, resume_step=3)

@@ -83,7 +83,7 @@ def opts_for(root: Path, model: Path, **extra) -> list[str]:
         "rl.lr": 0.01,
         "rl.max_steps": STEPS,
         "rl.save_every": STEPS,
-        "rl.eval_every": 0,
+        "rl.eval_every": STEPS,  # held-out evaluation before the first and after the last step
         "rl.micro_batch_size": 4,
         "rl.mini_batch_per_replica": 2,
         "logging.progress": False,

@@ -16,6 +16,8 @@ from posttrain.reward.shaping import numeric_closeness
         ("40", "12", 0.1),
         ("-3", "-4", 0.1 + 0.2 * 0.9),
         ("1+", "12", 0.0),
+        ("07", "7", 0.1 + 0.2),  # right value, wrong form: the verifier says 0, so near-miss credit
+        ("+7", "7", 0.1 + 0.2),
         ("", "12", 0.0),
     ],
 )

@@ -130,9 +130,9 @@ class RLConfig(Section):
     )
     max_consecutive_nonfinite: int = Field(
         3,
-        ge=0,
+        ge=1,
         description="Steps with a non-finite loss or gradient are skipped; after this many in a "
-        "row the run stops. 0 stops on the first.",
+        "row the run stops. 1 stops on the first.",
     )
     distillation_mode: Literal["advantage", "direct"] = Field(
         "advantage",

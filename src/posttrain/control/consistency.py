@@ -86,6 +86,31 @@ def arithmetic_sizes_fit(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@error("data.task", "data.train_size", "data.val_size")
+def jsonl_reads_whole_files(cfg: PosttrainConfig) -> str | None:
+    """task=jsonl trains on every row of data.train_path and validates on every row of
+    data.val_path; the generated-task sizes are not read."""
+    if cfg.data.task != "jsonl":
+        return None
+    knobs = changed(cfg.data, "train_size", "val_size")
+    if not knobs:
+        return None
+    return f"{are(knobs)} never read by data.task=jsonl (it reads whole files); reset to default"
+
+
+@error("rl.lr_schedule", "rl.warmup_steps", "rl.max_steps", "rl.mini_batch_per_replica")
+def warmup_fits_the_run(cfg: PosttrainConfig) -> str | None:
+    """A decaying schedule needs optimizer steps left after warmup."""
+    rl = cfg.rl
+    total = rl.max_steps * rl.mini_batch_per_replica
+    if rl.lr_schedule == "constant" or rl.warmup_steps < total:
+        return None
+    return (
+        f"rl.warmup_steps={rl.warmup_steps} leaves no steps to decay over: the run has {total} "
+        f"optimizer steps (rl.max_steps x rl.mini_batch_per_replica); lower the warmup"
+    )
+
+
 @error("rl.eval_every", "data.task", "data.val_path", "data.val_size")
 def eval_needs_validation_data(cfg: PosttrainConfig) -> str | None:
     """Periodic validation needs a validation set: data.val_path for jsonl, data.val_size > 0
@@ -170,5 +195,7 @@ RULES = (
     batch_covers_updates,
     ray_knobs_need_ray,
     adam_betas_need_adamw,
+    jsonl_reads_whole_files,
+    warmup_fits_the_run,
     wandb_knobs_need_wandb,
 )

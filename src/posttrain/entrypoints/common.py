@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.config import ConfigError, PosttrainConfig, to_dict, to_yaml
+from posttrain.config import ConfigError, PosttrainConfig, to_yaml
 from posttrain.data.tasks import TaskItem, format_prompt
 
 
@@ -53,12 +53,11 @@ def quiet_libraries() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
 
-def prepare_run_dir(config: PosttrainConfig, out_dir: str | Path) -> Path:
-    """Create the run directory and write the resolved config (what workers will also see)."""
-    run_dir = Path(out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(config))
-    return run_dir
+def write_resolved_config(config: PosttrainConfig, run_dir: Path) -> None:
+    """The resolved config of the run (what every role rebuilt), written atomically."""
+    tmp = run_dir / ".config.yaml.tmp"
+    tmp.write_text(to_yaml(config))
+    tmp.replace(run_dir / "config.yaml")
 
 
 def default_out_dir(config: PosttrainConfig) -> Path:
@@ -84,7 +83,3 @@ def write_samples(path: Path, items, completions, scores) -> None:
                 "correct": bool(scores.correct[i]),
             }
             f.write(json.dumps(row) + "\n")
-
-
-def resolved_dict(config: PosttrainConfig) -> dict[str, Any]:
-    return to_dict(config)

@@ -20,18 +20,19 @@ from typing import Any
 from posttrain.config import ConfigError, PosttrainConfig, load_config, to_dict
 from posttrain.config.build import build_objective
 from posttrain.control import run_preflight
-from posttrain.data.tasks import TaskItem, make_task_source
+from posttrain.data.tasks import TaskItem, TaskSource, make_task_source
 from posttrain.entrypoints.common import (
     check_builder,
     default_out_dir,
     encode_prompts,
-    prepare_run_dir,
     quiet_libraries,
+    write_resolved_config,
     write_samples,
 )
 from posttrain.metrics import open_sinks
 from posttrain.model.loading import load_tokenizer
 from posttrain.model.tiny import build_tiny_model
+from posttrain.trainer.compat import differing_keys
 
 log = logging.getLogger("posttrain")
 
@@ -58,18 +59,19 @@ def run(
     _refuse_driver_edits(config, resolved)
     for message in run_preflight(resolved):
         log.warning("preflight: %s", message)
-    run_dir = prepare_run_dir(resolved, out_dir)
+    tasks = build_tasks(resolved)  # data errors surface before any model loads
+    run_dir = Path(out_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     ensure_model(resolved)
     roles = _place(resolved, config_path, opts, build_objective_fn, run_dir)
     try:
-        return loop(resolved, roles, run_dir)
+        return loop(resolved, roles, tasks, run_dir)
     finally:
         roles.close()
 
 
 def _refuse_driver_edits(driver: PosttrainConfig, resolved: PosttrainConfig) -> None:
-    a, b = _flat(to_dict(driver)), _flat(to_dict(resolved))
-    diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    diff = differing_keys(to_dict(resolved), to_dict(driver))
     if diff:
         raise ConfigError(
             f"the driver's config differs from config_path + opts at {', '.join(diff)}; workers "
@@ -77,14 +79,14 @@ def _refuse_driver_edits(driver: PosttrainConfig, resolved: PosttrainConfig) -> 
         )
 
 
-def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+def build_tasks(config: PosttrainConfig) -> TaskSource:
+    d = config.data
+    return make_task_source(
+        d.task, seed=config.job.seed, digits=d.digits, operators=d.operators,
+        train_size=d.train_size, val_size=d.val_size, train_path=d.train_path,
+        val_path=d.val_path, reasoning_gym_dataset=d.reasoning_gym_dataset,
+        reasoning_gym_options=d.reasoning_gym_options,
+    )  # fmt: skip
 
 
 def ensure_model(config: PosttrainConfig) -> None:
@@ -126,17 +128,14 @@ def evaluate(config, roles, tokenizer, items: Sequence[TaskItem], run_dir: Path,
     return {f"val/{k}": v for k, v in metrics.items()}
 
 
-def loop(config: PosttrainConfig, roles, run_dir: Path) -> dict[str, Any]:
+def loop(config: PosttrainConfig, roles, tasks: TaskSource, run_dir: Path) -> dict[str, Any]:
     job, data, rl, ro = config.job, config.data, config.rl, config.rollout
-    tasks = make_task_source(
-        data.task, seed=job.seed, digits=data.digits, operators=data.operators,
-        train_size=data.train_size, val_size=data.val_size, train_path=data.train_path,
-        val_path=data.val_path, reasoning_gym_dataset=data.reasoning_gym_dataset,
-        reasoning_gym_options=data.reasoning_gym_options,
-    )  # fmt: skip
     tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.name_or_path)
-    val_items = tasks.val_items()
+    # rl.eval_every=0 turns held-out evaluation off entirely (also before and after training).
+    val_items = tasks.val_items() if rl.eval_every else []
     state = roles.policy.resume()
+    # Written only once resume has accepted this config: a refused run leaves the old one intact.
+    write_resolved_config(config, run_dir)
     start, cursor = (state.step, state.data_state["cursor"]) if state else (0, 0)
     if state:
         roles.sync_weights()  # a rollout engine with its own weights starts from the checkpoint
@@ -181,9 +180,7 @@ def loop(config: PosttrainConfig, roles, run_dir: Path) -> dict[str, Any]:
                 "time/sync_s": t4 - t3, "time/step_s": t4 - t0,
                 "perf/rollout_tokens_per_s": gen_tokens / max(t1 - t0, 1e-9),
             })  # fmt: skip
-            if val_items and (
-                (rl.eval_every and step % rl.eval_every == 0) or step == rl.max_steps
-            ):
+            if val_items and (step % rl.eval_every == 0 or step == rl.max_steps):
                 record.update(evaluate(config, roles, tokenizer, val_items, run_dir, step))
                 summary["final_val_accuracy"] = record["val/accuracy"]
             sink.write(step, record)
@@ -221,14 +218,13 @@ def _advance(bar, record: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``posttrain grpo --config RECIPE -- OVERRIDES`` (also ``python -m``)."""
-    from posttrain.entrypoints.cli import run_guarded
+    from posttrain.entrypoints.cli import run_guarded, split_argv
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cut = argv.index("--") if "--" in argv else len(argv)
+    head, overrides = split_argv(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="posttrain grpo")
     parser.add_argument("--config", required=True, metavar="RECIPE")
-    args = parser.parse_args(argv[:cut])
-    return run_guarded(lambda: train_from_cli(args.config, argv[cut + 1 :]))
+    args = parser.parse_args(head)
+    return run_guarded(lambda: train_from_cli(args.config, overrides))
 
 
 def train_from_cli(config_path: str, opts: Sequence[str]) -> int:

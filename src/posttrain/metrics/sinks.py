@@ -24,6 +24,22 @@ def _plain(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def _complete_lines(path: Path) -> list[str]:
+    """The file's JSON lines; a torn last line (a crash mid-write) is dropped, a torn line
+    elsewhere is an error naming it."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        try:
+            json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                return lines[:-1]
+            raise FileNotFoundError(
+                f"{path}:{i + 1} is not valid JSON; the metrics file is damaged (move it aside)"
+            ) from None
+    return lines
+
+
 class JsonlSink:
     """Appends one line per step; on resume, lines past the resumed step are dropped first so
     the file reads as if the run had never stopped."""
@@ -34,8 +50,8 @@ class JsonlSink:
         if resume_step is not None and self.path.exists():
             kept = [
                 line
-                for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= resume_step
+                for line in _complete_lines(self.path)
+                if json.loads(line)["step"] <= resume_step
             ]
             self.path.write_text("".join(line + "\n" for line in kept))
         elif resume_step is None and self.path.exists():

@@ -47,6 +47,7 @@ from posttrain.placement.ray_host import (
     worker_pythonpath,
 )
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
+from posttrain.trainer.compat import differing_keys
 
 log = logging.getLogger("posttrain")
 
@@ -312,19 +313,10 @@ def _check_capacity(pc, ranks: int) -> None:
 
 def _check_worker_configs(driver: dict, workers: dict[str, dict]) -> None:
     """Every actor must have resolved the driver's config (same recipe file, same overrides)."""
-    want = _flat(driver)
     for name, cfg in workers.items():
-        got = _flat(cfg)
-        diff = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+        diff = differing_keys(driver, cfg)
         if diff:
             raise ConfigError(
                 f"the {name} actor resolved a different config at {', '.join(diff[:5])}; every "
                 "node must see the same recipe file and model folder at the same path"
             )
-
-
-def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out

@@ -32,10 +32,19 @@ def resolve(config_path: str, opts: Sequence[str]) -> PosttrainConfig:
     return load_config(config_path, ["--", *opts])
 
 
+#: Per-mini-batch counts that add up over a collected batch, and values where the last one counts.
+_SUMMED = ("train/samples", "train/skipped_nonfinite", "train/skipped_empty")
+_LAST = ("train/step", "train/lr", "train/skipped_nonfinite_total")
+
+
 def mean_metrics(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Average per-mini-batch metrics into one record for the step."""
-    keys = {k for r in rows for k in r}
-    return {k: sum(float(r[k]) for r in rows if k in r) / sum(k in r for r in rows) for k in keys}
+    """One record for the step: counts summed, counters and lr from the last mini-batch,
+    everything else averaged over the mini-batches."""
+    out: dict[str, float] = {}
+    for k in {k for r in rows for k in r}:
+        vals = [float(r[k]) for r in rows if k in r]
+        out[k] = sum(vals) if k in _SUMMED else vals[-1] if k in _LAST else sum(vals) / len(vals)
+    return out
 
 
 class PolicyRole:
@@ -190,9 +199,9 @@ class RewardRole:
         return result.batch, result.metrics
 
     def evaluate(self, completions: Sequence[str], items: Sequence[TaskItem]):
-        return self.stage.evaluate(list(completions), list(items)), self.stage.score(
-            list(completions), list(items)
-        )
+        """Held-out metrics and the per-row scores behind them (each row scored once)."""
+        scores = self.stage.score(list(completions), list(items))
+        return self.stage.metrics_of(scores), scores
 
 
 def _view_id(t: Tensor) -> tuple | None:

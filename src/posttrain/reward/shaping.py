@@ -17,10 +17,10 @@ def numeric_closeness(prompt: str, completion: str, answer: str, meta: dict) -> 
     right, at most 0.3 for nearly right, 0 for malformed.
     """
     text = extract_answer(completion)
+    if text == answer.strip():
+        return 0.0
     try:
         value, gold = int(text), int(answer)
     except ValueError:
-        return 0.0
-    if value == gold:
         return 0.0
     return 0.1 + 0.2 * max(0.0, 1.0 - abs(value - gold) / 10.0)

@@ -157,7 +157,11 @@ class RewardStage:
 
     def evaluate(self, completions: Sequence[str], items: Sequence[TaskItem]) -> dict[str, float]:
         """Held-out metrics: accuracy, reward mean and format fraction (no advantages)."""
-        s = self.score(completions, items)
+        return self.metrics_of(self.score(completions, items))
+
+    @staticmethod
+    def metrics_of(s: RowScores) -> dict[str, float]:
+        """The held-out metrics of already-scored rows."""
         return {
             "accuracy": _mean(s.correct),
             "reward_mean": _mean(s.rewards),

@@ -62,10 +62,19 @@ def group_advantages(
     n_groups = counts.numel()
     sums = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, inverse, rewards)
     mean = sums / counts.to(rewards.dtype)
-    centred = rewards - mean[inverse]
+    # A group of equal rewards carries no signal: detect it exactly (max == min), since
+    # sum/count can differ from the common value by rounding and leave ~1e-11 "advantages".
+    hi = torch.full((n_groups,), -torch.inf, dtype=rewards.dtype).scatter_reduce(
+        0, inverse, rewards, "amax"
+    )
+    lo = torch.full((n_groups,), torch.inf, dtype=rewards.dtype).scatter_reduce(
+        0, inverse, rewards, "amin"
+    )
+    constant = hi == lo
+    centred = torch.where(constant[inverse], 0.0, rewards - mean[inverse])
     sq = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, inverse, centred * centred)
     std = torch.sqrt(sq / (counts - 1).to(rewards.dtype))
-    zero_var = (sq == 0).to(rewards.dtype).mean().item()
+    zero_var = constant.to(rewards.dtype).mean().item()
     adv = centred if estimator == "unbiased" else centred / (std[inverse] + eps)
     return adv, {"zero_variance_group_frac": zero_var}
 

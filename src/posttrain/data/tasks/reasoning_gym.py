@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 
 from posttrain.data.tasks.base import TaskItem, TaskSource
+from posttrain.data.tasks.jsonl import TaskDataError
 
 # How many generated entries may be skipped (as repeats of held-out questions) per train item
 # before the dataset is judged too small to give disjoint splits.
@@ -23,7 +24,7 @@ def import_reasoning_gym():
     try:
         return importlib.import_module("reasoning_gym")
     except ImportError as e:
-        raise ImportError(
+        raise TaskDataError(
             "the reasoning_gym task and verifier need the 'reasoning-gym' package: "
             "pip install 'posttrain[reasoning]'"
         ) from e
@@ -35,7 +36,7 @@ def make_reasoning_gym_source(
     """A source of ``train_size`` train and ``val_size`` held-out entries of ``dataset``."""
     rg = import_reasoning_gym()
     if train_size < 1 or val_size < 0:
-        raise ValueError(
+        raise TaskDataError(
             f"reasoning_gym task: need train_size >= 1 and val_size >= 0, "
             f"got {train_size} and {val_size}"
         )
@@ -43,14 +44,14 @@ def make_reasoning_gym_source(
     try:
         ds = rg.create_dataset(dataset, seed=seed, size=bound, **(options or {}))
     except (ValueError, TypeError, AssertionError) as e:
-        raise ValueError(f"reasoning_gym task: cannot create dataset {dataset!r}: {e}") from e
+        raise TaskDataError(f"reasoning_gym task: cannot create dataset {dataset!r}: {e}") from e
     val = [_item(dataset, i, ds[i]) for i in range(val_size)]
     held = {item.prompt for item in val}
     train: list[TaskItem] = []
     i = val_size
     while len(train) < train_size:
         if i >= bound:
-            raise ValueError(
+            raise TaskDataError(
                 f"reasoning_gym task: dataset {dataset!r} gave only {len(train)} train entries "
                 f"distinct from the {val_size} held-out ones in {bound} draws; lower "
                 "train_size/val_size or use a dataset with more variety"
