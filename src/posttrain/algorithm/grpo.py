@@ -29,6 +29,7 @@ from posttrain.algorithm.primitives.policy_gradient import (
     LOSS_TYPES,
     clipped_policy_gradient_loss,
     legacy_policy_gradient_loss,
+    masked_mean,
     reduce_policy_gradient_loss,
 )
 from posttrain.data.logprobs import response_logprobs
@@ -65,10 +66,6 @@ def _require_advantages(batch: TrajectoryBatch) -> Tensor:
             "batch.advantages is missing: run the reward stage's advantage annotator before dispatch"
         )
     return batch.advantages
-
-
-def _masked_mean(x: Tensor, m: Tensor) -> Tensor:
-    return x.masked_fill(~m, 0).sum() / m.sum().clamp(min=1)
 
 
 def identity_of(rl: Any) -> dict[str, Any]:
@@ -118,7 +115,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
             logp = response_logprobs(model, batch, 1.0)
             m = batch.response_mask
             per_token = legacy_policy_gradient_loss(logp, adv, m)
-            metrics = {"entropy_proxy": _masked_mean(-logp.detach(), m)}
+            metrics = {"entropy_proxy": masked_mean(-logp.detach(), m)}
             return _finish(per_token, m, "token-mean", None, metrics)
 
         return Objective(legacy, Reduction.TOKEN_SUM, adapter, identity=identity_of(rl))
@@ -170,8 +167,8 @@ def make_objective(rl: Any, context: Any) -> Objective:
             ref_logp = batch.ref_logprobs if batch.ref_logprobs is not None else scorer(batch)
             kl = kl_penalty(logp, ref_logp, m, "k3")
             per_token = per_token + kl_beta * kl
-            metrics["kl_ref"] = _masked_mean(kl.detach(), m)
-        metrics["entropy_proxy"] = _masked_mean(-logp.detach(), m)
+            metrics["kl_ref"] = masked_mean(kl.detach(), m)
+        metrics["entropy_proxy"] = masked_mean(-logp.detach(), m)
         return _finish(per_token, m, loss_type, max_len, metrics)
 
     return Objective(

@@ -11,11 +11,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from posttrain.algorithm.primitives.policy_gradient import LossType
 from posttrain.config.base import Section
-
-LossType = Literal[
-    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-fixed"
-]
 
 
 class RLConfig(Section):

@@ -8,6 +8,7 @@ that padding can never leak NaN into gradients.
 
 from __future__ import annotations
 
+import typing
 from typing import Literal
 
 import torch
@@ -18,12 +19,7 @@ from posttrain.algorithm.primitives._checks import as_bool_mask, check_finite, c
 LossType = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-fixed"
 ]
-LOSS_TYPES: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-fixed",
-)
+LOSS_TYPES: tuple[str, ...] = typing.get_args(LossType)
 #: Upper clamp on the sequence-level log-ratio (GSPO): exp(10) ~ 2.2e4.
 SEQUENCE_LOG_RATIO_CAP = 10.0
 
@@ -49,7 +45,8 @@ def _token_advantages(advantages: Tensor, shape: torch.Size) -> Tensor:
     )
 
 
-def _masked_mean(x: Tensor, m: Tensor) -> Tensor:
+def masked_mean(x: Tensor, m: Tensor) -> Tensor:
+    """Mean of ``x`` over positions where ``m`` is true (0 for an empty mask)."""
     return torch.where(m, x, 0).sum() / m.sum().clamp(min=1)
 
 
@@ -130,22 +127,22 @@ def clipped_policy_gradient_loss(
         dual = -adv * lower_bound_ratio
         dual_active = (adv < 0) & (dual < loss)
         loss = torch.where(adv < 0, torch.minimum(loss, dual), loss)
-        metrics["dual_clip_frac"] = _masked_mean(dual_active.to(loss.dtype), m).detach()
+        metrics["dual_clip_frac"] = masked_mean(dual_active.to(loss.dtype), m).detach()
     loss = torch.where(m, loss, 0)
 
     with torch.no_grad():
         r = ratio.detach()
         low = (r < 1 - epsilon_low) & (adv < 0)
         high = (r > 1 + epsilon_high) & (adv > 0)
-        metrics["clip_frac_low"] = _masked_mean(low.to(r.dtype), m)
-        metrics["clip_frac_high"] = _masked_mean(high.to(r.dtype), m)
+        metrics["clip_frac_low"] = masked_mean(low.to(r.dtype), m)
+        metrics["clip_frac_high"] = masked_mean(high.to(r.dtype), m)
         any_tok = bool(m.any())
-        metrics["ratio_mean"] = _masked_mean(r, m)
+        metrics["ratio_mean"] = masked_mean(r, m)
         metrics["ratio_min"] = r[m].min() if any_tok else r.new_ones(())
         metrics["ratio_max"] = r[m].max() if any_tok else r.new_ones(())
         # k3 estimate of KL(pi_old || pi) from samples of pi_old: (r - 1) - log r per token.
         tr = token_log_ratio.detach()
-        metrics["approx_kl"] = _masked_mean(torch.expm1(tr) - tr, m)
+        metrics["approx_kl"] = masked_mean(torch.expm1(tr) - tr, m)
         if importance_sampling_level == "sequence":
             has = m.any(-1)
             seq_clipped = (low | high).any(-1) & has
