@@ -27,8 +27,14 @@ def _apply(*opts: str) -> PosttrainConfig:
         ("rl.lr=3", "rl.lr", 3.0),
         ("rl.epsilon_high=0.28", "rl.epsilon_high", 0.28),
         ("rl.max_steps=10", "rl.max_steps", 10),
-        ("rl.unbiased_advantage=true", "rl.unbiased_advantage", True),
-        ("rl.unbiased_advantage=False", "rl.unbiased_advantage", False),
+        ("reward.mask_truncated=true", "reward.mask_truncated", True),
+        ("reward.mask_truncated=False", "reward.mask_truncated", False),
+        ("rl.advantage_estimator=rloo", "rl.advantage_estimator", "rloo"),
+        (
+            "model.lora_target_modules=[q_proj, v_proj]",
+            "model.lora_target_modules",
+            ["q_proj", "v_proj"],
+        ),
         ("rl.loss_type=seq-mean-token-sum-fixed", "rl.loss_type", "seq-mean-token-sum-fixed"),
         ("rollout.max_tokens=17", "rollout.max_tokens", 17),
         ("data.operators=+-", "data.operators", "+-"),
@@ -61,8 +67,15 @@ def test_override_values_are_typed(opt, key, expected):
         "rollout.max_tokens=-4",
         "rollout.max_tokens=ten",
         "rl.max_steps=1e3",
-        "rl.unbiased_advantage=yes",
-        "rl.unbiased_advantage=1",
+        "reward.mask_truncated=yes",
+        "reward.mask_truncated=1",
+        "rl.advantage_estimator=ppo",
+        "rl.reward_scaling=global",
+        "reward.overlong_buffer=-1",
+        "reward.overlong_penalty=0",
+        "rl.entropy_coef=-0.01",
+        "model.lora_rank=2.5",
+        "model.lora_target_modules=[]",
         "rl.lr=fast",
         "rl.lr=[1,",
         "rl.lr=.inf",
@@ -131,8 +144,16 @@ def test_migration_table_is_the_documented_one():
         "rl.objective=clipped -> rl.grpo_surrogate=clipped",
         "rl.objective_mode=direct -> rl.distillation_mode=direct",
         "rl.objective_mode=advantage -> rl.distillation_mode=advantage",
+        "rl.unbiased_advantage=true -> rl.advantage_estimator=dr_grpo",
+        "rl.unbiased_advantage=false -> rl.advantage_estimator=grpo",
     ]
-    assert set(RETIRED) == {"rl.objective", "rl.objective_mode"}
+    assert set(RETIRED) == {"rl.objective", "rl.objective_mode", "rl.unbiased_advantage"}
+
+
+def test_a_recipe_assigning_the_retired_bool_gets_the_migration():
+    cfg = PosttrainConfig()
+    with pytest.raises(RetiredKeyError, match="write rl.advantage_estimator=dr_grpo instead"):
+        cfg.rl.unbiased_advantage = True
 
 
 @pytest.mark.parametrize("opt", ["rl.objective=ppo", "rl.objective_mode=x"])

@@ -66,7 +66,10 @@ def test_max_tokens_accepts_positive_ints():
         ("grad_clip", -1.0),
         ("loss_type", "token-sum"),
         ("resume", "yes"),
-        ("unbiased_advantage", 1),
+        ("advantage_estimator", "unbiased"),
+        ("reward_scaling", "global"),
+        ("entropy_coef", -0.1),
+        ("entropy_coef", float("inf")),
         ("max_steps", True),
     ],
 )

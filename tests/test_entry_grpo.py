@@ -93,7 +93,7 @@ def test_clipped_recipe_with_several_mini_batches(tmp_path, tiny_dir):
     opts = quick_opts(
         tmp_path, tiny_dir,
         **{"rl.grpo_surrogate": "clipped", "rl.mini_batch_per_replica": 2, "rl.max_steps": 2,
-           "rl.loss_type": "seq-mean-token-sum-fixed", "rl.unbiased_advantage": True},
+           "rl.loss_type": "seq-mean-token-sum-fixed", "rl.advantage_estimator": "dr_grpo"},
     )  # fmt: skip
     rows = metrics_of(train(opts))
     assert rows[1]["train/pg/ratio_mean"] == pytest.approx(1.0, abs=1e-5)

@@ -60,11 +60,11 @@ def test_dr_grpo_recipe():
     cfg = load_config("dr_grpo_qwen3b_gsm8k")
     base = build_grpo_config()
     assert (cfg.job.algorithm, cfg.job.name) == ("dr_grpo", "qwen3b_bf16_dr_grpo_seed42")
-    assert cfg.rl.grpo_surrogate == "clipped" and cfg.rl.unbiased_advantage
+    assert cfg.rl.grpo_surrogate == "clipped" and cfg.rl.advantage_estimator == "dr_grpo"
     assert cfg.rl.loss_type == "seq-mean-token-sum-fixed"
     # Only the algorithm, name and the two Dr-GRPO choices differ from the base.
     base.job.algorithm, base.job.name = cfg.job.algorithm, cfg.job.name
-    base.rl.unbiased_advantage, base.rl.loss_type = True, "seq-mean-token-sum-fixed"
+    base.rl.advantage_estimator, base.rl.loss_type = "dr_grpo", "seq-mean-token-sum-fixed"
     assert cfg == base
 
 

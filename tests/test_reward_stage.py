@@ -74,7 +74,7 @@ def _stage(**kw) -> RewardStage:
         format_weight=0.5,
         functions=["stage_rewards:minus_len"],
         group_size=2,
-        unbiased_advantage=False,
+        estimator="grpo",
         advantage_eps=1e-6,
         shared_prefix_mask=False,
         dtype=torch.float64,
@@ -111,8 +111,8 @@ def test_rewards_advantages_and_metrics_by_hand():
     assert torch.equal(out.batch.response_mask, _batch().response_mask)  # untouched
 
 
-def test_unbiased_estimator_and_float32_default():
-    out = _stage(unbiased_advantage=True, dtype=torch.float32)(_batch(), COMPLETIONS, ITEMS)
+def test_dr_grpo_estimator_and_float32_default():
+    out = _stage(estimator="dr_grpo", dtype=torch.float32)(_batch(), COMPLETIONS, ITEMS)
     assert out.batch.advantages.dtype == torch.float32 == out.batch.rewards.dtype
     torch.testing.assert_close(out.batch.advantages, torch.tensor([0.65, -0.65, 0.0, 0.0]))
 
@@ -204,3 +204,42 @@ def test_evaluate_reports_held_out_metrics():
         "reward_mean": pytest.approx((1 + 0.5 + 1.5 + 1.5) / 4),
         "format_frac": 0.75,
     }
+
+
+def test_overlong_punishment_by_hand():
+    # max_tokens 3, buffer 2: the ramp starts after 1 token; lengths (3, 2, 3, 3) lose
+    # 0.8 * min(1, (L - 1) / 2) = (0.8, 0.4, 0.8, 0.8).
+    stage = _stage(overlong_buffer=2, overlong_penalty=0.8, max_tokens=3, estimator="dr_grpo")
+    plain = _stage()(_batch(), COMPLETIONS, ITEMS)
+    out = stage(_batch(), COMPLETIONS, ITEMS)
+    torch.testing.assert_close(
+        out.batch.rewards,
+        plain.batch.rewards - torch.tensor([0.8, 0.4, 0.8, 0.8], dtype=torch.float64),
+    )
+    torch.testing.assert_close(out.scores.rewards, out.batch.rewards)
+    # group 7 rewards 0.1 and -0.8: mean -0.35, so dr_grpo gives +-0.45; group 2 stays flat.
+    torch.testing.assert_close(
+        out.batch.advantages, torch.tensor([0.45, -0.45, 0.0, 0.0], dtype=torch.float64)
+    )
+    assert out.metrics["reward/overlong_penalty_mean"] == pytest.approx(2.8 / 4)
+
+
+def test_overlong_fraction_ramp():
+    from posttrain.reward.stage import overlong_fraction
+
+    lengths = torch.tensor([0.0, 6.0, 7.0, 8.0, 9.0, 10.0], dtype=torch.float64)
+    assert overlong_fraction(lengths, 10, 4).tolist() == [0.0, 0.0, 0.25, 0.5, 0.75, 1.0]
+    with pytest.raises(ValueError, match="overlong_buffer=4 must lie in 1..max_tokens"):
+        _stage(overlong_buffer=4, max_tokens=3)
+
+
+def test_mask_truncated_drops_rows_from_the_loss_not_from_the_baseline():
+    truncated = torch.tensor([False, True, False, False])
+    plain = _stage()(_batch(), COMPLETIONS, ITEMS, truncated=truncated)
+    out = _stage(mask_truncated=True)(_batch(), COMPLETIONS, ITEMS, truncated=truncated)
+    torch.testing.assert_close(out.batch.advantages, plain.batch.advantages)
+    want = _batch().response_mask.clone()
+    want[1] = False
+    assert torch.equal(out.batch.response_mask, want)
+    with pytest.raises(ValueError, match="mask_truncated needs the rollout's truncated flags"):
+        _stage(mask_truncated=True)(_batch(), COMPLETIONS, ITEMS)

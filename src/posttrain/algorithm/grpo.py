@@ -32,7 +32,7 @@ from posttrain.algorithm.primitives.policy_gradient import (
     masked_mean,
     reduce_policy_gradient_loss,
 )
-from posttrain.data.logprobs import response_logprobs
+from posttrain.data.logprobs import response_logprobs_and_entropy
 from posttrain.data.trajectory import TrajectoryBatch
 
 #: Local metric name -> public suffix (published as train/<suffix> and val/<suffix>).
@@ -49,6 +49,7 @@ GRPO_METRICS = {
     "seq_log_ratio_abs_mean": "pg/seq_log_ratio_abs_mean",
     "kl_ref": "pg/kl_ref",
     "entropy_proxy": "pg/neg_logprob_mean",
+    "entropy": "pg/entropy",
 }
 
 
@@ -81,6 +82,8 @@ def identity_of(rl: Any) -> dict[str, Any]:
         "temperature": float(rl.temperature),
         "kl_beta": float(rl.kl_beta),
     }
+    if rl.entropy_coef:
+        ident["entropy_coef"] = float(rl.entropy_coef)
     if rl.importance_sampling_level == "sequence":
         ident["importance_sampling_level"] = "sequence"
     return ident
@@ -102,7 +105,10 @@ def make_objective(rl: Any, context: Any) -> Objective:
     """Build the configured GRPO-family objective.
 
     ``rl`` needs ``grpo_surrogate``, ``importance_sampling_level``, ``epsilon_low``,
-    ``epsilon_high``, ``lower_bound_ratio``, ``temperature``, ``loss_type`` and ``kl_beta``.
+    ``epsilon_high``, ``lower_bound_ratio``, ``temperature``, ``loss_type`` and ``kl_beta``, and
+    optionally ``entropy_coef`` (the clipped surrogate's entropy bonus: ``- entropy_coef * H_t``
+    per token, reduced by ``loss_type`` like the policy loss). Both surrogates report the true
+    per-token entropy ``H_t`` of the policy at the loss temperature as ``pg/entropy``.
     ``context`` carries ``max_response_length`` (the rollout bound, for
     ``seq-mean-token-sum-fixed``) and, when ``kl_beta > 0``, ``reference_model``: the frozen
     network the entry also hands to the trainer as an auxiliary model.
@@ -112,10 +118,13 @@ def make_objective(rl: Any, context: Any) -> Objective:
 
         def legacy(model: nn.Module, batch: TrajectoryBatch):
             adv = _require_advantages(batch)
-            logp = response_logprobs(model, batch, 1.0)
+            logp, entropy = response_logprobs_and_entropy(model, batch, 1.0, "metric")
             m = batch.response_mask
             per_token = legacy_policy_gradient_loss(logp, adv, m)
-            metrics = {"entropy_proxy": masked_mean(-logp.detach(), m)}
+            metrics = {
+                "entropy_proxy": masked_mean(-logp.detach(), m),
+                "entropy": masked_mean(entropy, m),
+            }
             return _finish(per_token, m, "token-mean", None, metrics)
 
         return Objective(legacy, Reduction.TOKEN_SUM, adapter, identity=identity_of(rl))
@@ -131,6 +140,9 @@ def make_objective(rl: Any, context: Any) -> Objective:
         max_len = _validate_max_len(max_len)
     temperature = float(rl.temperature)
     kl_beta = float(rl.kl_beta)
+    entropy_coef = float(rl.entropy_coef)
+    if entropy_coef < 0:
+        raise ValueError(f"rl.entropy_coef must be >= 0, got {entropy_coef}")
     scorer = None
     if kl_beta < 0:
         raise ValueError(f"rl.kl_beta must be >= 0, got {kl_beta}")
@@ -150,7 +162,9 @@ def make_objective(rl: Any, context: Any) -> Objective:
 
     def clipped(model: nn.Module, batch: TrajectoryBatch):
         adv = _require_advantages(batch)
-        logp = response_logprobs(model, batch, temperature)
+        logp, entropy = response_logprobs_and_entropy(
+            model, batch, temperature, "grad" if entropy_coef else "metric"
+        )
         m = batch.response_mask
         old = batch.old_logprobs if batch.old_logprobs is not None else cache.lookup(batch)
         per_token, metrics = clipped_policy_gradient_loss(
@@ -168,7 +182,10 @@ def make_objective(rl: Any, context: Any) -> Objective:
             kl = kl_penalty(logp, ref_logp, m, "k3")
             per_token = per_token + kl_beta * kl
             metrics["kl_ref"] = masked_mean(kl.detach(), m)
+        if entropy_coef:
+            per_token = per_token - entropy_coef * entropy
         metrics["entropy_proxy"] = masked_mean(-logp.detach(), m)
+        metrics["entropy"] = masked_mean(entropy.detach(), m)
         return _finish(per_token, m, loss_type, max_len, metrics)
 
     return Objective(

@@ -34,6 +34,11 @@ RETIRED: dict[str, Retired] = {
             "rl.distillation_mode",
             {"direct": "direct", "advantage": "advantage"},
         ),
+        Retired(
+            "rl.unbiased_advantage",
+            "rl.advantage_estimator",
+            {"true": "dr_grpo", "false": "grpo"},
+        ),
     )
 }
 
@@ -52,7 +57,9 @@ def retired_error(key: str, value: Any = None) -> RetiredKeyError | None:
     r = RETIRED.get(key)
     if r is None:
         return None
-    old = value if isinstance(value, str) else None
+    # A recipe assigns a bool; an override brings its text. Both name the same old value.
+    old = str(value).lower() if isinstance(value, bool) else value
+    old = old if isinstance(old, str) else None
     if old is not None and old in r.values:
         return RetiredKeyError(
             f"config key '{key}' is retired: write {r.replacement}={r.values[old]} "

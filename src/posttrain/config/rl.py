@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from posttrain.algorithm.annotators.advantage import AdvantageEstimator, RewardScaling
 from posttrain.algorithm.primitives.policy_gradient import LossType
 from posttrain.config.base import Section
 
@@ -62,19 +63,36 @@ class RLConfig(Section):
         "per-response sums), `seq-mean-token-sum-fixed` (per-response sums divided by "
         "`rollout.max_tokens`, then the mean; Dr-GRPO).",
     )
-    unbiased_advantage: bool = Field(
-        False,
-        description="Group advantage without the std division: A = r - mean(r) (Dr-GRPO). "
-        "Otherwise A = (r - mean(r)) / (std(r) + advantage_eps).",
+    advantage_estimator: AdvantageEstimator = Field(
+        "grpo",
+        description="Advantage of a response, computed in the reward stage over complete groups: "
+        "`grpo` (r - group mean, divided by the `rl.reward_scaling` std), `dr_grpo` (r - group "
+        "mean, no division; Dr-GRPO), `rloo` (r - mean of the other group members, divided by "
+        "the `rl.reward_scaling` std), `reinforce_pp` (r - batch mean, divided by the batch std; "
+        "REINFORCE++).",
+    )
+    reward_scaling: RewardScaling = Field(
+        "group",
+        description="Std the `grpo` and `rloo` advantages are divided by: that of the response's "
+        "`group`, of the whole `batch` (TRL's scale_rewards=batch), or `none` (rloo only; for "
+        "grpo that is `rl.advantage_estimator=dr_grpo`). `dr_grpo` and `reinforce_pp` fix their "
+        "own scaling and do not read it.",
     )
     advantage_eps: float = Field(
-        1e-6, gt=0, description="Added to the group std before dividing by it."
+        1e-6, gt=0, description="Added to the std before dividing the advantage by it."
     )
     kl_beta: float = Field(
         0.0,
         ge=0,
         description="Weight of the KL penalty to a frozen reference model; 0 builds no "
         "reference. Only the clipped surrogate has a KL term.",
+    )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Entropy bonus of the clipped surrogate: the loss subtracts entropy_coef x "
+        "the policy's per-token entropy (at `rl.temperature`, reduced like the policy loss by "
+        "`rl.loss_type`). 0 adds no term; the entropy is reported as a metric either way.",
     )
     lr: float = Field(1e-6, gt=0, description="Peak learning rate (see `rl.lr_schedule`).")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
@@ -144,6 +162,7 @@ class RLConfig(Section):
         "temperature",
         "advantage_eps",
         "kl_beta",
+        "entropy_coef",
         "lr",
         "weight_decay",
         "grad_clip",

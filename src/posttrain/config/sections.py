@@ -86,12 +86,33 @@ class ModelConfig(Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass to save memory."
     )
+    lora_rank: int = Field(
+        0,
+        ge=0,
+        description="LoRA rank (through peft): > 0 trains only low-rank adapters on "
+        "`model.lora_target_modules`, the base stays frozen and, with `rl.kl_beta` > 0, serves "
+        "as the KL reference with its adapters switched off (no second copy). 0 trains every "
+        "weight.",
+    )
+    lora_alpha: float = Field(
+        16.0,
+        gt=0,
+        description="LoRA scale numerator: the adapter update is (lora_alpha / lora_rank) B A.",
+    )
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="Names of the linear modules that get adapters (peft `target_modules`), "
+        "e.g. `[q_proj, v_proj]` or add `gate_proj, up_proj, down_proj` for the MLP.",
+    )
     init_preset: Literal["tiny", "small", "arith"] | None = Field(
         None,
         description="When set and `model.name_or_path` does not exist yet, the entry builds a "
         "randomly initialised Llama-architecture model of this preset with a char-level "
         "tokenizer there (seeded by `job.seed`). Null: the directory must already exist.",
     )
+
+    _check_alpha = field_validator("lora_alpha")(_finite)
 
 
 class DataConfig(Section):
@@ -208,7 +229,28 @@ class RewardConfig(Section):
         "a prefix (applied in the reward stage, before dispatch).",
     )
 
-    _check_weight = field_validator("format_weight")(_finite)
+    overlong_buffer: int = Field(
+        0,
+        ge=0,
+        description="DAPO soft overlong punishment: a response of L tokens loses "
+        "`reward.overlong_penalty` * min(1, max(0, L - (rollout.max_tokens - overlong_buffer)) / "
+        "overlong_buffer), a linear ramp over the last `overlong_buffer` tokens before "
+        "`rollout.max_tokens`. 0 disables it.",
+    )
+    overlong_penalty: float = Field(
+        1.0,
+        gt=0,
+        description="Largest overlong punishment (reached at `rollout.max_tokens`); read only "
+        "when `reward.overlong_buffer` > 0.",
+    )
+    mask_truncated: bool = Field(
+        False,
+        description="Drop responses that hit `rollout.max_tokens` without ending from the loss "
+        "(DAPO overlong filtering): their response mask is cleared in the reward stage, after "
+        "they have counted towards their group's advantages.",
+    )
+
+    _check_weight = field_validator("format_weight", "overlong_penalty")(_finite)
 
     @field_validator("functions")
     @classmethod

@@ -1,7 +1,7 @@
 """Dr-GRPO on GSM8K: the GRPO base with mean-centred advantages and a fixed-length divisor.
 
 Both changes are selections among existing behaviour, so this is a recipe, not a new objective:
-``rl.unbiased_advantage`` drops the std division, and ``seq-mean-token-sum-fixed`` divides each
+``rl.advantage_estimator=dr_grpo`` drops the std division, and ``seq-mean-token-sum-fixed`` divides each
 response's token-loss sum by ``rollout.max_tokens``. Its own ``job.algorithm`` and ``job.name``
 keep outputs, provenance and resume apart from the base recipe.
 """
@@ -17,6 +17,6 @@ def build_config() -> PosttrainConfig:
     cfg.job.algorithm = "dr_grpo"
     cfg.job.name = "qwen3b_bf16_dr_grpo_seed42"
     cfg.rl.grpo_surrogate = "clipped"
-    cfg.rl.unbiased_advantage = True
+    cfg.rl.advantage_estimator = "dr_grpo"
     cfg.rl.loss_type = "seq-mean-token-sum-fixed"
     return cfg

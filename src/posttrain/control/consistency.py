@@ -183,6 +183,29 @@ def wandb_knobs_need_wandb(cfg: PosttrainConfig) -> str | None:
     return f"{are(knobs)} never read with logging.wandb=false; reset or set logging.wandb=true"
 
 
+@error("reward.overlong_buffer", "rollout.max_tokens")
+def overlong_buffer_fits(cfg: PosttrainConfig) -> str | None:
+    """The overlong ramp lies inside the response bound: its buffer cannot exceed it."""
+    buffer, bound = cfg.reward.overlong_buffer, cfg.rollout.max_tokens
+    if buffer <= bound:
+        return None
+    return (
+        f"reward.overlong_buffer={buffer} exceeds rollout.max_tokens={bound}; the punishment "
+        "ramps over the last overlong_buffer tokens before the bound, so lower it"
+    )
+
+
+@error("model.lora_rank", "model.lora_alpha", "model.lora_target_modules")
+def lora_knobs_need_rank(cfg: PosttrainConfig) -> str | None:
+    """LoRA scale and target modules are read only when model.lora_rank > 0."""
+    if cfg.model.lora_rank:
+        return None
+    knobs = changed(cfg.model, "lora_alpha", "lora_target_modules")
+    if not knobs:
+        return None
+    return f"{are(knobs)} never read with model.lora_rank=0; remove them or set model.lora_rank"
+
+
 RULES = (
     max_tokens_positive_int,
     jsonl_needs_train_path,
@@ -198,4 +221,6 @@ RULES = (
     jsonl_reads_whole_files,
     warmup_fits_the_run,
     wandb_knobs_need_wandb,
+    overlong_buffer_fits,
+    lora_knobs_need_rank,
 )

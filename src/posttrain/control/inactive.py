@@ -77,15 +77,67 @@ def sequence_level_per_token_advantages(cfg: PosttrainConfig) -> str | None:
     )
 
 
-@error("rl.unbiased_advantage", "rl.advantage_eps")
+@error("rl.advantage_estimator", "rl.reward_scaling", "rl.advantage_eps")
 def advantage_eps_unread(cfg: PosttrainConfig) -> str | None:
-    """With unbiased_advantage the advantage is not divided by the group std, so advantage_eps
-    is never read."""
-    if not cfg.rl.unbiased_advantage or cfg.rl.is_default("advantage_eps"):
+    """dr_grpo, and rloo with reward_scaling=none, never divide the advantage by a std, so
+    advantage_eps is never read."""
+    rl = cfg.rl
+    unscaled = rl.advantage_estimator == "dr_grpo" or (
+        rl.advantage_estimator == "rloo" and rl.reward_scaling == "none"
+    )
+    if not unscaled or rl.is_default("advantage_eps"):
         return None
     return (
-        f"rl.advantage_eps={cfg.rl.advantage_eps} is never read with rl.unbiased_advantage=true "
-        "(no std division); remove it"
+        f"rl.advantage_eps={rl.advantage_eps} is never read with rl.advantage_estimator="
+        f"{rl.advantage_estimator} (no std division); remove it"
+    )
+
+
+@error("rl.advantage_estimator", "rl.reward_scaling")
+def reward_scaling_fixed_by_estimator(cfg: PosttrainConfig) -> str | None:
+    """dr_grpo (no scaling) and reinforce_pp (batch std) fix their own scaling; only grpo and
+    rloo read rl.reward_scaling."""
+    rl = cfg.rl
+    if rl.advantage_estimator not in ("dr_grpo", "reinforce_pp") or rl.is_default("reward_scaling"):
+        return None
+    return (
+        f"rl.reward_scaling={rl.reward_scaling} is never read by rl.advantage_estimator="
+        f"{rl.advantage_estimator} (it fixes its own scaling); remove it"
+    )
+
+
+@error("rl.advantage_estimator", "rl.reward_scaling")
+def grpo_unscaled_is_dr_grpo(cfg: PosttrainConfig) -> str | None:
+    """grpo without a std division is Dr-GRPO's advantage; one setting has one name, so the
+    config says dr_grpo."""
+    if cfg.rl.advantage_estimator != "grpo" or cfg.rl.reward_scaling != "none":
+        return None
+    return (
+        "rl.advantage_estimator=grpo with rl.reward_scaling=none is Dr-GRPO's advantage; write "
+        "rl.advantage_estimator=dr_grpo and leave rl.reward_scaling at its default"
+    )
+
+
+@error("rl.grpo_surrogate", "rl.entropy_coef")
+def entropy_coef_needs_clipped(cfg: PosttrainConfig) -> str | None:
+    """The entropy bonus is a term of the clipped surrogate; legacy_pg has none."""
+    if cfg.rl.grpo_surrogate == "clipped" or cfg.rl.entropy_coef == 0.0:
+        return None
+    return (
+        f"rl.entropy_coef={cfg.rl.entropy_coef} is never read by rl.grpo_surrogate=legacy_pg "
+        "(no entropy term); set rl.entropy_coef=0 or rl.grpo_surrogate=clipped"
+    )
+
+
+@error("reward.overlong_buffer", "reward.overlong_penalty")
+def overlong_penalty_needs_buffer(cfg: PosttrainConfig) -> str | None:
+    """reward.overlong_penalty scales the soft overlong punishment, which is off while
+    reward.overlong_buffer=0."""
+    if cfg.reward.overlong_buffer or cfg.reward.is_default("overlong_penalty"):
+        return None
+    return (
+        f"reward.overlong_penalty={cfg.reward.overlong_penalty} is never read with "
+        "reward.overlong_buffer=0; remove it or set reward.overlong_buffer"
     )
 
 
@@ -108,4 +160,8 @@ RULES = (
     sequence_level_per_token_advantages,
     advantage_eps_unread,
     distillation_mode_without_opd,
+    reward_scaling_fixed_by_estimator,
+    grpo_unscaled_is_dr_grpo,
+    entropy_coef_needs_clipped,
+    overlong_penalty_needs_buffer,
 )

@@ -1,11 +1,26 @@
-"""Per-token logprobs of response tokens under a causal LM."""
+"""Per-token logprobs (and entropies) of response tokens under a causal LM.
+
+The logits of a batch are ``[B, R, V]``; a float32 copy of all of them is the largest tensor of
+an RL step for a bf16 model with a large vocabulary. So scoring runs over chunks of
+:data:`CHUNK_POSITIONS` positions: only one chunk's float32 copy exists at a time, and when the
+logits carry a gradient each chunk is checkpointed (recomputed in the backward pass) instead of
+keeping its float32 copy alive for it.
+"""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from posttrain.data.trajectory import TrajectoryBatch
+
+#: Positions (rows of ``[B * R, V]``) scored per chunk.
+CHUNK_POSITIONS = 1024
+
+EntropyMode = Literal["metric", "grad"]
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -14,27 +29,74 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return pos.clamp(min=0)
 
 
-def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
-    """``log_softmax(logits / temperature)`` gathered at ``targets``.
+def _scaled(logits: Tensor, temperature: float) -> Tensor:
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    return logits / temperature if temperature != 1.0 else logits
 
-    Computed as ``logit[y] - logsumexp(logits)`` so the full-vocabulary log-softmax is never
-    materialised; only one scaled copy of the logits lives at a time.
-    """
+
+def _chunk_logprobs(logits: Tensor, targets: Tensor, temperature: float) -> Tensor:
+    # logit[y] - logsumexp(logits): the full-vocabulary log-softmax is never materialised.
+    x = _scaled(logits, temperature)
+    return torch.gather(x, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1)
+
+
+def _chunk_entropy(logits: Tensor, temperature: float) -> Tensor:
+    # H = -sum p log p = logsumexp(x) - sum p x, with p = softmax(x).
+    x = _scaled(logits, temperature)
+    return torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1)
+
+
+def _run(fn, *args: Tensor) -> Tensor:
+    if torch.is_grad_enabled() and args[0].requires_grad:
+        return checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
+
+
+def _score(
+    logits: Tensor, targets: Tensor, temperature: float, entropy: EntropyMode | None
+) -> tuple[Tensor, Tensor | None]:
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    if temperature != 1.0:
-        logits = logits / temperature
-    picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+    if entropy not in (None, "metric", "grad"):
+        raise ValueError(f"entropy must be None, 'metric' or 'grad', got {entropy!r}")
+    flat, tgt = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    empty = _scaled(flat[:0, 0], 1.0)  # keeps a zero-length batch well-typed
+    logps, ents = [empty], [empty.detach()]
+    for s in range(0, flat.shape[0], CHUNK_POSITIONS):
+        x, t = flat[s : s + CHUNK_POSITIONS], tgt[s : s + CHUNK_POSITIONS]
+        logps.append(_run(lambda x, t: _chunk_logprobs(x, t, temperature), x, t))
+        if entropy == "grad":
+            ents.append(_run(lambda x: _chunk_entropy(x, temperature), x))
+        elif entropy == "metric":
+            with torch.no_grad():
+                ents.append(_chunk_entropy(x, temperature))
+    logp = torch.cat(logps).reshape(targets.shape)
+    return logp, None if entropy is None else torch.cat(ents).reshape(targets.shape)
 
 
-def response_logprobs(model: nn.Module, batch: TrajectoryBatch, temperature: float = 1.0) -> Tensor:
-    """``[B, R]`` logprobs of each response token given everything before it.
+def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """``log_softmax(logits / temperature)`` gathered at ``targets`` (chunked; module doc)."""
+    return _score(logits, targets, temperature, None)[0]
 
-    Asks the model for the last ``R + 1`` logit rows only (``logits_to_keep``): the row before
-    the first response token through the last response token.
+
+def token_logprobs_and_entropy(
+    logits: Tensor, targets: Tensor, temperature: float, entropy: EntropyMode
+) -> tuple[Tensor, Tensor]:
+    """Logprobs at ``targets`` and the entropy of ``softmax(logits / temperature)`` at every
+    position (both shaped like ``targets``), in one chunked pass.
+
+    ``entropy="metric"`` computes it without a gradient; ``"grad"`` keeps its graph (an
+    entropy bonus in the loss).
     """
+    logp, ent = _score(logits, targets, temperature, entropy)
+    if ent is None:
+        raise ValueError("entropy must be 'metric' or 'grad'")
+    return logp, ent
+
+
+def _response_logits(model: nn.Module, batch: TrajectoryBatch) -> Tensor:
+    # The last R + 1 logit rows only (logits_to_keep): the row before the first response token
+    # through the last response token.
     r = batch.response_width
     out = model(
         input_ids=batch.input_ids,
@@ -43,5 +105,18 @@ def response_logprobs(model: nn.Module, batch: TrajectoryBatch, temperature: flo
         use_cache=False,
         logits_to_keep=r + 1,
     )
-    logits = out.logits[:, -(r + 1) : -1, :]
-    return token_logprobs(logits, batch.response_ids, temperature)
+    return out.logits[:, -(r + 1) : -1, :]
+
+
+def response_logprobs(model: nn.Module, batch: TrajectoryBatch, temperature: float = 1.0) -> Tensor:
+    """``[B, R]`` logprobs of each response token given everything before it."""
+    return token_logprobs(_response_logits(model, batch), batch.response_ids, temperature)
+
+
+def response_logprobs_and_entropy(
+    model: nn.Module, batch: TrajectoryBatch, temperature: float, entropy: EntropyMode
+) -> tuple[Tensor, Tensor]:
+    """``[B, R]`` logprobs and policy entropies at each response position, from one forward."""
+    return token_logprobs_and_entropy(
+        _response_logits(model, batch), batch.response_ids, temperature, entropy
+    )

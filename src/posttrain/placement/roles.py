@@ -185,9 +185,14 @@ class RewardRole:
             format_weight=rw.format_weight,
             functions=list(rw.functions),
             group_size=cfg.rollout.n,
-            unbiased_advantage=cfg.rl.unbiased_advantage,
+            estimator=cfg.rl.advantage_estimator,
+            scaling=cfg.rl.reward_scaling,
             advantage_eps=cfg.rl.advantage_eps,
             shared_prefix_mask=rw.shared_prefix_mask,
+            overlong_buffer=rw.overlong_buffer,
+            overlong_penalty=rw.overlong_penalty,
+            max_tokens=cfg.rollout.max_tokens,
+            mask_truncated=rw.mask_truncated,
             dtype=_float_dtype(cfg.model.dtype),
         )
 

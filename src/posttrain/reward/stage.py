@@ -5,11 +5,15 @@ Reward of one row (a response to a task item)::
     reward = verifier(completion, item)                      # in [0, 1]; 1 = correct
            + format_weight * follows_format(completion)      # 0/1: one non-empty \\boxed{}
            + sum(fn(item.prompt, completion, item.answer, item.meta) for fn in functions)
+           - overlong_penalty * min(1, max(0, L - (max_tokens - overlong_buffer)) / overlong_buffer)
 
+The last term (DAPO's soft overlong punishment, on when ``overlong_buffer > 0``) needs the
+response's token length ``L``, so it applies to rollout batches, not to held-out scoring.
 Accuracy counts the rows whose verifier score is 1. Advantages come from
 :func:`posttrain.algorithm.annotators.advantage.group_advantages` over the total reward, with
 every group complete (dispatch may split groups later; nothing after this stage may recompute
-group statistics). Shared-prefix masking, when on, narrows ``response_mask`` per group.
+group statistics). Shared-prefix masking and ``mask_truncated``, when on, narrow
+``response_mask`` after the advantages are computed.
 
 A reward component that raises, returns a non-number, or gives NaN/inf stops the run with
 :class:`RewardError`, which names the row, its sample id, item id and a prompt excerpt, and the
@@ -18,6 +22,7 @@ component.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +30,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posttrain.algorithm.annotators.advantage import group_advantages, shared_prefix_mask
+from posttrain.algorithm.annotators.advantage import (
+    AdvantageEstimator,
+    RewardScaling,
+    group_advantages,
+    shared_prefix_mask,
+)
 from posttrain.data.tasks.base import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.reward.extract import follows_format
@@ -64,10 +74,12 @@ class RewardStage:
     :mod:`posttrain.reward.verifiers`). ``format_weight``: added when the completion has exactly
     one non-empty ``\\boxed{}`` (meant for the ``chat`` template, whose system prompt asks for
     it). ``functions``: ``"module:function"`` specs of user reward functions. ``group_size``:
-    responses per prompt. ``unbiased_advantage``: ``r - mean`` (Dr-GRPO) instead of
-    ``(r - mean) / (std + advantage_eps)``. ``shared_prefix_mask``: mask each group's common
-    response prefix. ``dtype``: dtype of the ``rewards`` / ``advantages`` written to the batch
-    (scores and advantages are computed in float64 first).
+    responses per prompt. ``estimator``, ``scaling``, ``advantage_eps``: see
+    :func:`~posttrain.algorithm.annotators.advantage.group_advantages`. ``shared_prefix_mask``:
+    mask each group's common response prefix. ``overlong_buffer``, ``overlong_penalty``,
+    ``max_tokens``: the soft overlong punishment (module doc). ``mask_truncated``: clear the
+    response mask of rows that hit the length bound. ``dtype``: dtype of the ``rewards`` /
+    ``advantages`` written to the batch (scores and advantages are computed in float64 first).
     """
 
     def __init__(
@@ -77,9 +89,14 @@ class RewardStage:
         format_weight: float,
         functions: Sequence[str],
         group_size: int,
-        unbiased_advantage: bool,
-        advantage_eps: float,
-        shared_prefix_mask: bool,
+        estimator: AdvantageEstimator = "grpo",
+        scaling: RewardScaling = "group",
+        advantage_eps: float = 1e-6,
+        shared_prefix_mask: bool = False,
+        overlong_buffer: int = 0,
+        overlong_penalty: float = 1.0,
+        max_tokens: int | None = None,
+        mask_truncated: bool = False,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         self.verifier_name = verifier
@@ -90,6 +107,15 @@ class RewardStage:
             raise ValueError(f"reward group_size must be an int >= 2, got {group_size!r}")
         if not advantage_eps > 0:
             raise ValueError(f"reward advantage_eps must be > 0, got {advantage_eps}")
+        if overlong_buffer and (max_tokens is None or not 0 < overlong_buffer <= max_tokens):
+            raise ValueError(
+                f"reward overlong_buffer={overlong_buffer} must lie in 1..max_tokens "
+                f"(max_tokens={max_tokens})"
+            )
+        if not (math.isfinite(overlong_penalty) and overlong_penalty > 0):
+            raise ValueError(
+                f"reward overlong_penalty must be finite and > 0, got {overlong_penalty}"
+            )
         if not dtype.is_floating_point:
             raise ValueError(f"reward dtype must be floating, got {dtype}")
         if isinstance(functions, str):
@@ -102,9 +128,12 @@ class RewardStage:
         if len(set(specs)) != len(specs):
             raise ValueError(f"reward functions list a function twice: {specs}")
         self.group_size = group_size
-        self.estimator = "unbiased" if unbiased_advantage else "grpo"
+        self.estimator, self.scaling = estimator, scaling
         self.advantage_eps = float(advantage_eps)
         self.shared_prefix_mask = shared_prefix_mask
+        self.overlong_buffer, self.overlong_penalty = overlong_buffer, float(overlong_penalty)
+        self.max_tokens = max_tokens
+        self.mask_truncated = mask_truncated
         self.dtype = dtype
 
     def score(
@@ -184,7 +213,9 @@ class RewardStage:
         (loss tokens before any shared-prefix masking), ``reward/fn/<spec>_mean`` per user
         function, the annotator's stats as ``reward/<name>`` (``zero_variance_group_frac``),
         ``reward/truncated_frac`` when ``truncated`` is given, and
-        ``reward/shared_prefix_masked_frac`` (share of loss tokens masked) when masking is on.
+        ``reward/shared_prefix_masked_frac`` (share of loss tokens masked) when masking is on,
+        ``reward/overlong_penalty_mean`` when the overlong punishment is on. ``mask_truncated``
+        needs ``truncated``; the rows it drops are the ``reward/truncated_frac`` share.
         """
         n = batch.batch_size
         if len(completions) != n or len(items) != n:
@@ -194,18 +225,24 @@ class RewardStage:
             )
         _check_groups_share_items(batch.group_ids, items)
         scores = self.score(completions, items, batch.sample_ids.tolist())
+        lengths = batch.response_mask.sum(1).to(torch.float64)
+        if self.overlong_buffer:
+            penalty = self.overlong_penalty * overlong_fraction(
+                lengths, self.max_tokens, self.overlong_buffer
+            )
+            scores = dataclasses.replace(scores, rewards=scores.rewards - penalty)
         adv, stats = group_advantages(
             scores.rewards,
             batch.group_ids,
             group_size=self.group_size,
             estimator=self.estimator,
+            scaling=self.scaling,
             eps=self.advantage_eps,
         )
         changes: dict[str, Tensor] = {
             "rewards": scores.rewards.to(self.dtype),
             "advantages": adv.to(self.dtype),
         }
-        lengths = batch.response_mask.sum(1).to(torch.float64)
         metrics = {
             "reward/mean": _mean(scores.rewards),
             "reward/std": float(scores.rewards.std(unbiased=False)),
@@ -220,13 +257,27 @@ class RewardStage:
             if truncated.shape != (n,):
                 raise ValueError(f"reward stage: truncated must be [B={n}], got {truncated.shape}")
             metrics["reward/truncated_frac"] = _mean(truncated.to(torch.bool))
+        if self.overlong_buffer:
+            metrics["reward/overlong_penalty_mean"] = _mean(penalty)
+        mask = batch.response_mask
         if self.shared_prefix_mask:
-            mask = shared_prefix_mask(batch.response_ids, batch.response_mask, batch.group_ids)
+            mask = shared_prefix_mask(batch.response_ids, mask, batch.group_ids)
             before = int(batch.response_mask.sum())
             removed = before - int(mask.sum())
             metrics["reward/shared_prefix_masked_frac"] = removed / before if before else 0.0
+        if self.mask_truncated:
+            if truncated is None:
+                raise ValueError("reward stage: mask_truncated needs the rollout's truncated flags")
+            mask = mask & ~truncated.to(torch.bool).unsqueeze(1)
+        if mask is not batch.response_mask:
             changes["response_mask"] = mask
         return RewardResult(batch=batch.replace(**changes), metrics=metrics, scores=scores)
+
+
+def overlong_fraction(lengths: Tensor, max_tokens: int, buffer: int) -> Tensor:
+    """DAPO's soft overlong ramp: 0 up to ``max_tokens - buffer`` tokens, then rising linearly
+    to 1 at ``max_tokens`` (``min(1, max(0, L - (max_tokens - buffer)) / buffer)``)."""
+    return ((lengths - (max_tokens - buffer)) / buffer).clamp(0.0, 1.0)
 
 
 def _checked(call, what: str, where: str) -> float:

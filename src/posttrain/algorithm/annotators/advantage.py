@@ -1,52 +1,80 @@
-"""Group-relative advantages and shared-prefix masking.
+"""Advantage estimators and shared-prefix masking.
 
-These need every member of a group at once, so they run in the reward stage, before dispatch
-splits groups across ranks and micro-batches. Nothing downstream may recompute them from a slice.
+These need every member of a group (and, for batch scaling, the whole batch) at once, so they
+run in the reward stage, before dispatch splits groups across ranks and micro-batches. Nothing
+downstream may recompute them from a slice.
+
+With ``r_i`` the reward of response ``i``, ``g`` its group of ``n_g`` members (sizes may differ
+between groups; each group uses its own ``n_g``) and ``B`` the whole batch::
+
+    grpo          A_i = (r_i - mean_g(r)) / (s + eps)
+    dr_grpo       A_i =  r_i - mean_g(r)
+    rloo          A_i = (r_i - mean_{g minus i}(r)) / (s + eps) = n_g/(n_g-1) (r_i - mean_g(r)) / (s + eps)
+    reinforce_pp  A_i = (r_i - mean_B(r)) / (std_B(r) + eps)
+
+``s`` comes from ``scaling``: ``group`` = std of the group's rewards, ``batch`` = std of all
+rewards of the batch, ``none`` = no division (and no ``eps``); every std is Bessel-corrected.
+A group whose rewards are all equal gets advantage exactly 0 under the group baselines.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
-AdvantageEstimator = Literal["grpo", "unbiased"]
+AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
+RewardScaling = Literal["group", "batch", "none"]
+ESTIMATORS: tuple[str, ...] = get_args(AdvantageEstimator)
+SCALINGS: tuple[str, ...] = get_args(RewardScaling)
+#: Estimators that fix their own scaling (``scaling`` is not read).
+FIXED_SCALING = {"dr_grpo": "none", "reinforce_pp": "batch"}
 
 
-def _group_index(group_ids: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
-    """(inverse index into unique groups, member counts); validates complete groups."""
+def _group_index(group_ids: Tensor, group_size: int | None) -> tuple[Tensor, Tensor]:
+    """(inverse index into unique groups, member counts); checks sizes."""
     if group_ids.dim() != 1 or group_ids.dtype != torch.int64:
         raise ValueError("group_ids must be a 1-D int64 tensor")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+    if group_size is not None and (
+        isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2
+    ):
         raise ValueError(
             f"group_size must be an int >= 2 (a size-1 group has no baseline), got {group_size!r}"
         )
     uniq, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    bad = counts != group_size
+    bad = counts != group_size if group_size is not None else counts < 2
     if bool(bad.any()):
-        g = int(uniq[bad][0])
-        c = int(counts[bad][0])
+        g, c = int(uniq[bad][0]), int(counts[bad][0])
+        want = f"expected {group_size}" if group_size is not None else "a baseline needs >= 2"
         raise ValueError(
-            f"group {g} has {c} member(s), expected {group_size}: advantages need complete groups "
+            f"group {g} has {c} member(s), {want}: advantages need complete groups "
             "(compute them in the reward stage, before dispatch)"
         )
     return inverse, counts
+
+
+def _batch_std(rewards: Tensor) -> Tensor:
+    if rewards.numel() < 2:
+        raise ValueError("batch reward scaling needs at least 2 rewards in the batch")
+    return rewards.std(unbiased=True)
 
 
 def group_advantages(
     rewards: Tensor,
     group_ids: Tensor,
     *,
-    group_size: int,
+    group_size: int | None,
     estimator: str = "grpo",
+    scaling: str = "group",
     eps: float = 1e-6,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Per-response advantages relative to the response's group.
+    """Per-response advantages (see the module doc for the formulas).
 
-    ``grpo``: ``(r - mean) / (std + eps)`` with the Bessel-corrected std; ``unbiased`` (Dr-GRPO):
-    ``r - mean``. Returns the advantages and stats (``zero_variance_group_frac``: the share of
-    groups whose rewards are all equal, which therefore carry no learning signal).
+    ``group_size``: the size every group must have, or None to accept groups of any size >= 2
+    (e.g. after filtering). ``scaling`` is ignored by ``dr_grpo`` (none) and ``reinforce_pp``
+    (batch). Returns the advantages and stats (``zero_variance_group_frac``: the share of groups
+    whose rewards are all equal, which carry no signal under a group baseline).
     """
     if rewards.dim() != 1 or rewards.shape != group_ids.shape:
         raise ValueError(
@@ -54,14 +82,17 @@ def group_advantages(
         )
     if not rewards.is_floating_point() or not bool(torch.isfinite(rewards).all()):
         raise ValueError("rewards must be a finite floating tensor")
-    if estimator not in ("grpo", "unbiased"):
-        raise ValueError(f"estimator must be 'grpo' or 'unbiased', got {estimator!r}")
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
+    scaling = FIXED_SCALING.get(estimator, scaling)
     inverse, counts = _group_index(group_ids, group_size)
     n_groups = counts.numel()
-    sums = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, inverse, rewards)
-    mean = sums / counts.to(rewards.dtype)
+    n = counts.to(rewards.dtype)
+    mean = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, inverse, rewards) / n
     # A group of equal rewards carries no signal: detect it exactly (max == min), since
     # sum/count can differ from the common value by rounding and leave ~1e-11 "advantages".
     hi = torch.full((n_groups,), -torch.inf, dtype=rewards.dtype).scatter_reduce(
@@ -71,12 +102,21 @@ def group_advantages(
         0, inverse, rewards, "amin"
     )
     constant = hi == lo
-    centred = torch.where(constant[inverse], 0.0, rewards - mean[inverse])
-    sq = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, inverse, centred * centred)
-    std = torch.sqrt(sq / (counts - 1).to(rewards.dtype))
-    zero_var = constant.to(rewards.dtype).mean().item()
-    adv = centred if estimator == "unbiased" else centred / (std[inverse] + eps)
-    return adv, {"zero_variance_group_frac": zero_var}
+    stats = {"zero_variance_group_frac": constant.to(rewards.dtype).mean().item()}
+    if estimator == "reinforce_pp":
+        flat = bool(rewards.max() == rewards.min())
+        centred = torch.zeros_like(rewards) if flat else rewards - rewards.mean()
+        return centred / (_batch_std(rewards) + eps), stats
+    dev = torch.where(constant[inverse], 0.0, rewards - mean[inverse])
+    # rloo: r_i - mean of the other n-1 members = n/(n-1) * (r_i - mean of all n).
+    centred = dev * (n / (n - 1))[inverse] if estimator == "rloo" else dev
+    if scaling == "none":
+        return centred, stats
+    if scaling == "batch":
+        return centred / (_batch_std(rewards) + eps), stats
+    sq = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, inverse, dev * dev)
+    std = torch.sqrt(sq / (n - 1))
+    return centred / (std[inverse] + eps), stats
 
 
 def shared_prefix_mask(response_ids: Tensor, response_mask: Tensor, group_ids: Tensor) -> Tensor:
