@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU torch wheel lies on disk here; the constraints file keeps pip from taking a CUDA build.
 WHEELS := $(wildcard /opt/wheels)
 PIP := $(BIN)/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
-EXTRAS ?= dev,math,reasoning,tracking,ray
+EXTRAS ?= dev,math,reasoning,tracking,ray,lora
 
 .PHONY: test demo loss-table lint format install docs
 

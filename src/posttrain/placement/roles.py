@@ -21,6 +21,7 @@ from posttrain.config.build import objective_context
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.loading import load_policy
+from posttrain.model.lora import AdapterFreeReference, apply_lora, is_lora, merged_state
 from posttrain.reward import RewardStage
 from posttrain.rollout import Rollout, TorchRolloutEngine
 from posttrain.trainer import CheckpointManager, LLMTrainer, ResumeState
@@ -63,9 +64,17 @@ class PolicyRole:
         self.model, self.tokenizer = load_policy(
             cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", device
         )
-        reference = None
-        if cfg.rl.kl_beta > 0:
+        m = cfg.model
+        reference, auxiliary = None, ()
+        if m.lora_rank:
+            self.model = apply_lora(
+                self.model, m.lora_rank, m.lora_alpha, m.lora_target_modules, cfg.job.seed
+            )
+            if cfg.rl.kl_beta > 0:  # the frozen base itself, adapters off: no second copy
+                reference = AdapterFreeReference(self.model)
+        elif cfg.rl.kl_beta > 0:
             reference, _ = load_policy(cfg.model.name_or_path, None, cfg.model.dtype, device)
+            auxiliary = (reference,)
         self.objective = build_objective_fn(cfg.rl, objective_context(cfg, reference))
         rl = cfg.rl
         self.trainer = LLMTrainer(
@@ -84,7 +93,7 @@ class PolicyRole:
             gradient_checkpointing=cfg.model.gradient_checkpointing,
             max_consecutive_nonfinite=rl.max_consecutive_nonfinite,
             certified_deterministic_forward=cfg.model.certified_deterministic_forward,
-            auxiliary_models=() if reference is None else (reference,),
+            auxiliary_models=auxiliary,
             device=device,
         )
         self.checkpoints = CheckpointManager(
@@ -109,9 +118,11 @@ class PolicyRole:
         """The policy's weights for sync, as CPU tensors (they travel between processes).
 
         Tied tensors (e.g. input and output embeddings) appear once; the receiving
-        :meth:`RolloutRole.sync` restores the keys its own model ties.
+        :meth:`RolloutRole.sync` restores the keys its own model ties. A LoRA policy sends its
+        adapters merged into full weights under the plain model's names.
         """
-        return {k: v.detach().cpu() for k, v in untied_state(self.model).items()}
+        state = merged_state(self.model) if is_lora(self.model) else self.model.state_dict()
+        return {k: v.detach().cpu() for k, v in untie(state).items()}
 
     def save(self, step: int, data_state: Mapping[str, Any]) -> str:
         path = self.checkpoints.save(
@@ -218,8 +229,13 @@ def _view_id(t: Tensor) -> tuple | None:
 
 def untied_state(model: nn.Module) -> dict[str, Tensor]:
     """``model.state_dict()`` with every tensor that another key already views left out."""
+    return untie(model.state_dict())
+
+
+def untie(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """``state`` with every tensor that another key already views left out."""
     out, seen = {}, set()
-    for key, value in model.state_dict().items():
+    for key, value in state.items():
         vid = _view_id(value)
         if vid is None or vid not in seen:
             out[key] = value

@@ -1,8 +1,9 @@
 """Model weights in the Hugging Face directory layout, read back into a live module.
 
 Saving uses ``save_pretrained`` for Hugging Face models (so ``from_pretrained(dir)`` works) and a
-single ``model.safetensors`` otherwise. Loading reads the safetensors files directly into the
-existing module, keeping its identity (the optimizer holds references to its parameters).
+single ``model.safetensors`` otherwise; a peft (LoRA) model saves its adapters only. Loading
+reads the safetensors files directly into the existing module, keeping its identity (the
+optimizer holds references to its parameters).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from posttrain.trainer.errors import CheckpointError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+ADAPTER_FILE = "adapter_model.safetensors"
 
 
 def save_model_dir(model: nn.Module, directory: Path, tokenizer: object | None = None) -> None:
@@ -43,6 +45,9 @@ def _shard_files(directory: Path) -> list[Path]:
 @torch.no_grad()
 def load_model_dir(model: nn.Module, directory: Path) -> None:
     """Copy saved tensors into ``model``; only tied aliases of loaded tensors may be absent."""
+    if (directory / ADAPTER_FILE).exists():
+        _load_adapters(model, directory)
+        return
     loaded: dict[str, torch.Tensor] = {}
     for f in _shard_files(directory):
         loaded.update(load_file(str(f)))
@@ -64,3 +69,22 @@ def load_model_dir(model: nn.Module, directory: Path) -> None:
                 f"{target.dtype}{tuple(target.shape)}; resume with the model dtype and shape saved"
             )
         target.copy_(value.to(device=target.device))
+
+
+def _load_adapters(model: nn.Module, directory: Path) -> None:
+    """peft adapters (saved without the adapter name in their keys) into a peft model."""
+    from peft import set_peft_model_state_dict
+
+    try:
+        result = set_peft_model_state_dict(model, load_file(str(directory / ADAPTER_FILE)))
+    except (RuntimeError, AttributeError) as e:
+        raise CheckpointError(
+            f"{directory}: the saved adapters do not fit the model ({str(e).splitlines()[0]}); "
+            "resume with the model.lora_* settings saved"
+        ) from None
+    missing = [k for k in result.missing_keys if ".lora_" in k]
+    if result.unexpected_keys or missing:
+        raise CheckpointError(
+            f"{directory}: adapter tensors unexpected {sorted(result.unexpected_keys)[:3]}, "
+            f"missing {missing[:3]}; resume with the model.lora_* settings saved"
+        )
