@@ -44,7 +44,7 @@ def test_chunked_values_and_gradients_match_the_whole_computation(monkeypatch, d
     targets = torch.randint(0, 11, (3, 5))
 
     def run(chunk: int):
-        monkeypatch.setattr(lp, "CHUNK_POSITIONS", chunk)
+        monkeypatch.setattr(lp, "CHUNK_ELEMENTS", chunk * 11)
         x = base.to(dtype).requires_grad_(True)
         logp, ent = lp.token_logprobs_and_entropy(x, targets, 0.7, "grad")
         (logp.sum() + 0.3 * ent.sum()).backward()

@@ -2,7 +2,8 @@
 
 The logits of a batch are ``[B, R, V]``; a float32 copy of all of them is the largest tensor of
 an RL step for a bf16 model with a large vocabulary. So scoring runs over chunks of
-:data:`CHUNK_POSITIONS` positions: only one chunk's float32 copy exists at a time, and when the
+positions holding about :data:`CHUNK_ELEMENTS` logits each: only one chunk's float32 copy (and its
+softmax temporaries) exists at a time, and when the
 logits carry a gradient each chunk is checkpointed (recomputed in the backward pass) instead of
 keeping its float32 copy alive for it.
 """
@@ -17,8 +18,8 @@ from torch.utils.checkpoint import checkpoint
 
 from posttrain.data.trajectory import TrajectoryBatch
 
-#: Positions (rows of ``[B * R, V]``) scored per chunk.
-CHUNK_POSITIONS = 1024
+#: Logits per chunk (positions x vocabulary): 2**24 is 64 MiB per float32 temporary.
+CHUNK_ELEMENTS = 2**24
 
 EntropyMode = Literal["metric", "grad"]
 
@@ -62,8 +63,9 @@ def _score(
     flat, tgt = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
     empty = _scaled(flat[:0, 0], 1.0)  # keeps a zero-length batch well-typed
     logps, ents = [empty], [empty.detach()]
-    for s in range(0, flat.shape[0], CHUNK_POSITIONS):
-        x, t = flat[s : s + CHUNK_POSITIONS], tgt[s : s + CHUNK_POSITIONS]
+    step = max(1, CHUNK_ELEMENTS // max(1, flat.shape[-1]))
+    for s in range(0, flat.shape[0], step):
+        x, t = flat[s : s + step], tgt[s : s + step]
         logps.append(_run(lambda x, t: _chunk_logprobs(x, t, temperature), x, t))
         if entropy == "grad":
             ents.append(_run(lambda x: _chunk_entropy(x, temperature), x))
