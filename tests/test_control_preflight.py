@@ -73,6 +73,9 @@ CASES: list[tuple[str, list[str], str, list[str]]] = [
     ("overlong_buffer_fits", ["reward.overlong_buffer=300"],
      "reward.overlong_buffer=300 exceeds rollout.max_tokens=256",
      ["reward.overlong_buffer=300", "rollout.max_tokens=300"]),
+    ("sampling_rounds_need_dynamic_sampling", ["rl.max_sampling_rounds=5"],
+     "rl.max_sampling_rounds=5 is never read with rl.dynamic_sampling=false",
+     ["rl.max_sampling_rounds=5", "rl.dynamic_sampling=true"]),
     ("lora_knobs_need_rank", ["model.lora_alpha=32", "model.lora_target_modules=[q_proj]"],
      "model.lora_alpha=32.0, model.lora_target_modules=['q_proj'] are never read with "
      "model.lora_rank=0", ["model.lora_alpha=32", "model.lora_rank=8"]),

@@ -94,6 +94,19 @@ class RLConfig(Section):
         "the policy's per-token entropy (at `rl.temperature`, reduced like the policy loss by "
         "`rl.loss_type`). 0 adds no term; the entropy is reported as a metric either way.",
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO dynamic sampling: drop groups whose rewards are all equal (no signal) "
+        "and keep sampling `data.prompts_per_step` fresh prompts per round until the step has "
+        "that many informative groups or `rl.max_sampling_rounds` rounds ran; a shortfall is "
+        "reported as `train/sampling/shortfall_groups`.",
+    )
+    max_sampling_rounds: int = Field(
+        3,
+        ge=1,
+        description="Most sampling rounds per step with `rl.dynamic_sampling` (each round draws "
+        "`data.prompts_per_step` prompts from the data cursor).",
+    )
     lr: float = Field(1e-6, gt=0, description="Peak learning rate (see `rl.lr_schedule`).")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant",

@@ -152,6 +152,17 @@ def distillation_mode_without_opd(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@error("rl.dynamic_sampling", "rl.max_sampling_rounds")
+def sampling_rounds_need_dynamic_sampling(cfg: PosttrainConfig) -> str | None:
+    """Without dynamic sampling every step samples exactly one round."""
+    if cfg.rl.dynamic_sampling or cfg.rl.is_default("max_sampling_rounds"):
+        return None
+    return (
+        f"rl.max_sampling_rounds={cfg.rl.max_sampling_rounds} is never read with "
+        "rl.dynamic_sampling=false; remove it or set rl.dynamic_sampling=true"
+    )
+
+
 RULES = (
     legacy_pg_clip_knobs,
     kl_beta_without_kl_term,
@@ -164,4 +175,5 @@ RULES = (
     grpo_unscaled_is_dr_grpo,
     entropy_coef_needs_clipped,
     overlong_penalty_needs_buffer,
+    sampling_rounds_need_dynamic_sampling,
 )

@@ -23,6 +23,7 @@ from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.loading import load_policy
 from posttrain.model.lora import AdapterFreeReference, apply_lora, is_lora, merged_state
 from posttrain.reward import RewardStage
+from posttrain.reward.stage import RowScores
 from posttrain.rollout import Rollout, TorchRolloutEngine
 from posttrain.trainer import CheckpointManager, LLMTrainer, ResumeState
 
@@ -192,11 +193,20 @@ class RewardRole:
             dtype=_float_dtype(cfg.model.dtype),
         )
 
-    def score(
-        self, rollout: Rollout, items: Sequence[TaskItem]
-    ) -> tuple[TrajectoryBatch, dict[str, float]]:
+    def rollout_scores(self, rollout: Rollout, items: Sequence[TaskItem]) -> RowScores:
+        """Per-row scores only (dynamic sampling filters rounds on them before annotating)."""
         rows = [items[i] for i in rollout.prompt_index.tolist()]
-        result = self.stage(rollout.batch, list(rollout.texts), rows, truncated=rollout.truncated)
+        return self.stage.rollout_scores(rollout.batch, list(rollout.texts), rows)
+
+    def score(
+        self, rollout: Rollout, items: Sequence[TaskItem], scores: RowScores | None = None
+    ) -> tuple[TrajectoryBatch, dict[str, float]]:
+        """The annotated batch (advantages over complete groups) and reward metrics; pass the
+        rows' :meth:`rollout_scores` when already computed, so no reward component runs twice."""
+        rows = [items[i] for i in rollout.prompt_index.tolist()]
+        result = self.stage(
+            rollout.batch, list(rollout.texts), rows, truncated=rollout.truncated, scores=scores
+        )
         return result.batch, result.metrics
 
     def evaluate(self, completions: Sequence[str], items: Sequence[TaskItem]):

@@ -57,6 +57,22 @@ class RowScores:
     format_ok: Tensor  # bool
     functions: dict[str, Tensor]
 
+    def select(self, rows: Tensor) -> RowScores:
+        """The scores of ``rows`` (an index or bool mask), in order."""
+        return RowScores(
+            self.rewards[rows], self.verifier[rows], self.correct[rows], self.format_ok[rows],
+            {k: v[rows] for k, v in self.functions.items()},
+        )  # fmt: skip
+
+    @staticmethod
+    def concat(parts: Sequence[RowScores]) -> RowScores:
+        """The rows of ``parts`` in order."""
+        cat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+        return RowScores(
+            cat("rewards"), cat("verifier"), cat("correct"), cat("format_ok"),
+            {k: torch.cat([p.functions[k] for p in parts]) for k in parts[0].functions},
+        )  # fmt: skip
+
 
 @dataclass(frozen=True)
 class RewardResult:
@@ -197,6 +213,28 @@ class RewardStage:
             "format_frac": _mean(s.format_ok),
         }
 
+    def _overlong(self, batch: TrajectoryBatch) -> Tensor:
+        lengths = batch.response_mask.sum(1).to(torch.float64)
+        return self.overlong_penalty * overlong_fraction(
+            lengths, self.max_tokens, self.overlong_buffer
+        )
+
+    def rollout_scores(
+        self, batch: TrajectoryBatch, completions: Sequence[str], items: Sequence[TaskItem]
+    ) -> RowScores:
+        """Score rollout rows, the overlong punishment included (it needs token lengths)."""
+        n = batch.batch_size
+        if len(completions) != n or len(items) != n:
+            raise ValueError(
+                f"reward stage: batch has {n} rows but got {len(completions)} completions and "
+                f"{len(items)} task items (one each per row)"
+            )
+        _check_groups_share_items(batch.group_ids, items)
+        scores = self.score(completions, items, batch.sample_ids.tolist())
+        if not self.overlong_buffer:
+            return scores
+        return dataclasses.replace(scores, rewards=scores.rewards - self._overlong(batch))
+
     def __call__(
         self,
         batch: TrajectoryBatch,
@@ -204,8 +242,12 @@ class RewardStage:
         items: Sequence[TaskItem],
         *,
         truncated: Tensor | None = None,
+        scores: RowScores | None = None,
     ) -> RewardResult:
         """Annotate a rollout batch whose groups are all complete (row ``i`` <-> ``items[i]``).
+
+        ``scores``: the rows' :meth:`rollout_scores` when the caller already has them (dynamic
+        sampling scores every round before it keeps rows), so no reward component runs twice.
 
         ``truncated`` (``[B]`` bool, optional): rows that hit the length bound. Metrics:
         ``reward/mean``, ``reward/std`` (population std over the batch), ``reward/accuracy``,
@@ -223,14 +265,11 @@ class RewardStage:
                 f"reward stage: batch has {n} rows but got {len(completions)} completions and "
                 f"{len(items)} task items (one each per row)"
             )
-        _check_groups_share_items(batch.group_ids, items)
-        scores = self.score(completions, items, batch.sample_ids.tolist())
+        if scores is None:
+            scores = self.rollout_scores(batch, completions, items)
+        elif scores.rewards.shape != (n,):
+            raise ValueError(f"reward stage: scores have {scores.rewards.shape} rows, batch {n}")
         lengths = batch.response_mask.sum(1).to(torch.float64)
-        if self.overlong_buffer:
-            penalty = self.overlong_penalty * overlong_fraction(
-                lengths, self.max_tokens, self.overlong_buffer
-            )
-            scores = dataclasses.replace(scores, rewards=scores.rewards - penalty)
         adv, stats = group_advantages(
             scores.rewards,
             batch.group_ids,
@@ -258,7 +297,7 @@ class RewardStage:
                 raise ValueError(f"reward stage: truncated must be [B={n}], got {truncated.shape}")
             metrics["reward/truncated_frac"] = _mean(truncated.to(torch.bool))
         if self.overlong_buffer:
-            metrics["reward/overlong_penalty_mean"] = _mean(penalty)
+            metrics["reward/overlong_penalty_mean"] = _mean(self._overlong(batch))
         mask = batch.response_mask
         if self.shared_prefix_mask:
             mask = shared_prefix_mask(batch.response_ids, mask, batch.group_ids)
