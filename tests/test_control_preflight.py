@@ -136,6 +136,9 @@ CASES: list[tuple[str, list[str], str, list[str]]] = [
      ["rl.loss_type=seq-mean-token-sum-fixed"]),
     ("sequence_level_length_weighting", [*GSPO, "rl.loss_type=seq-mean-token-sum"],
      "weights responses by length", [*GSPO, "rl.loss_type=token-mean"]),
+    ("dynamic_sampling_batch_baseline",
+     ["rl.dynamic_sampling=true", "rl.advantage_estimator=reinforce_pp"],
+     "groups of equal rewards are dropped", ["rl.dynamic_sampling=true"]),
     ("opd_direct_ignores_reward", [*OPD, "rl.distillation_mode=direct"],
      "task reward and group advantage are not training signals", OPD),
 ]  # fmt: skip

@@ -81,10 +81,23 @@ def opd_direct_ignores_reward(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@warning("rl.dynamic_sampling", "rl.advantage_estimator")
+def dynamic_sampling_batch_baseline(cfg: PosttrainConfig) -> str | None:
+    """Dynamic sampling drops groups of equal rewards because a group baseline gives them zero
+    advantage; under reinforce_pp's batch baseline those groups do carry signal."""
+    if not cfg.rl.dynamic_sampling or cfg.rl.advantage_estimator != "reinforce_pp":
+        return None
+    return (
+        "rl.dynamic_sampling=true with rl.advantage_estimator=reinforce_pp: groups of equal "
+        "rewards are dropped although the batch baseline gives them non-zero advantages"
+    )
+
+
 RULES = (
     sequence_level_on_policy_ratio,
     sequence_level_token_scale_epsilons,
     sequence_level_bf16_logprobs,
     sequence_level_length_weighting,
     opd_direct_ignores_reward,
+    dynamic_sampling_batch_baseline,
 )
