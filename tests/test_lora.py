@@ -89,6 +89,7 @@ def test_lora_run_saves_peft_adapters_and_resumes_exactly(tmp_path, tiny_dir):
     straight = train(quick_opts(tmp_path / "a", tiny_dir, **LORA))
     rows = metrics_of(straight)
     assert rows[-1]["train/pg/kl_ref"] > 0  # adapters moved the policy away from the base
+    assert rows[-1]["train/pg/entropy"] > 0
     ckpt = Path(straight["run_dir"]) / "checkpoints" / "step_00000004" / "model"
     assert (ckpt / "adapter_model.safetensors").exists() and not (
         ckpt / "model.safetensors"
