@@ -95,11 +95,21 @@ def test_smoothing_draws_the_raw_line_faint_and_the_smoothed_one_labelled(tmp_pa
 
 
 def test_ema_and_window_by_hand():
-    assert ema([1.0, 3.0, 5.0], 0.0) == [1.0, 3.0, 5.0]
-    assert ema([1.0, 3.0, 5.0], 0.9) == pytest.approx([1.0, 1.2, 1.58])
-    assert trailing_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
-    assert trailing_mean([1.0, 3.0], 1) == [1.0, 3.0]
-    assert parse_smoothing("window:3")([3.0, 6.0, 9.0, 0.0]) == [3.0, 4.5, 6.0, 5.0]
+    steps = [1, 2, 3]
+    assert ema(steps, [1.0, 3.0, 5.0], 0.0) == [1.0, 3.0, 5.0]
+    assert ema(steps, [1.0, 3.0, 5.0], 0.9) == pytest.approx([1.0, 1.2, 1.58])
+    assert trailing_mean([1, 2, 3, 4], [1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert trailing_mean(steps[:2], [1.0, 3.0], 1) == [1.0, 3.0]
+    smooth = parse_smoothing("window:3")
+    assert smooth([1, 2, 3, 4], [3.0, 6.0, 9.0, 0.0]) == [3.0, 4.5, 6.0, 5.0]
+
+
+def test_smoothing_counts_steps_not_points():
+    # a metric logged every 250 steps is barely smoothed by a per-step EMA or a 10-step window
+    assert ema([0, 250, 500], [0.0, 0.5, 1.0], 0.9) == pytest.approx([0.0, 0.5, 1.0])
+    assert ema([0, 2], [0.0, 1.0], 0.5) == [0.0, 0.75]  # two steps: weight 0.5 ** 2 on the past
+    assert trailing_mean([0, 250, 500], [0.0, 0.5, 1.0], 10) == [0.0, 0.5, 1.0]
+    assert trailing_mean([0, 5, 12], [0.0, 1.0, 2.0], 10) == [0.0, 0.5, 1.5]
 
 
 @pytest.mark.parametrize("spec", ["ema:1", "ema:-0.1", "window:0", "window:2.5", "gauss:3", "ema"])
@@ -142,7 +152,9 @@ def test_cli_user_errors_are_one_line(tmp_path, capsys):
     assert "no metrics.jsonl there; is this a run directory?" in capsys.readouterr().err
 
 
-def test_duplicate_run_names_are_labelled_by_path(tmp_path):
-    a, b = _run(tmp_path / "x", "run"), _run(tmp_path / "y", "run")
-    assert [r.label for r in load_runs([a, b])] == [str(a), str(b)]
+def test_runs_with_the_same_name_are_told_apart_by_their_parents(tmp_path):
+    a, b = _run(tmp_path / "x" / "grpo", "run"), _run(tmp_path / "y" / "grpo", "run")
+    assert [r.label for r in load_runs([a, b])] == ["x/grpo/run", "y/grpo/run"]
+    other = _run(tmp_path / "y", "other")
+    assert [r.label for r in load_runs([a / "metrics.jsonl", other])] == ["run", "other"]
     assert plot_runs([a, b], tmp_path / "o.png").is_file()

@@ -34,7 +34,7 @@ OBJECTIVE_METRICS = "train/*/*"
 #: Namespaced keys that are not the objective's (per reward function means).
 NOT_OBJECTIVE = ("train/reward_fn/*",)
 
-Smoother = Callable[[list[float]], list[float]]
+Smoother = Callable[[list[float], list[float]], list[float]]
 
 
 class PlotError(ValueError):
@@ -65,14 +65,22 @@ def metrics_file(path: str | Path) -> Path:
 
 def load_runs(paths: Sequence[str | Path]) -> list[Run]:
     """Each path is a run directory (holding ``metrics.jsonl``) or a ``metrics.jsonl`` itself.
-    Legend labels are the directory names, or the paths as given when two names collide."""
+    Legend labels are the directory names, with as many parent folders as tell them apart."""
     files = [metrics_file(p) for p in paths]
     for given, f in zip(paths, files, strict=True):
         if not f.is_file():
             raise FileNotFoundError(f"{given}: no metrics.jsonl there; is this a run directory?")
-    names = [f.parent.name for f in files]
-    labels = names if len(set(names)) == len(names) else [str(p) for p in paths]
+    labels = short_labels([f.parent.resolve() for f in files])
     return [Run(label, read_metrics(f)) for label, f in zip(labels, files, strict=True)]
+
+
+def short_labels(dirs: Sequence[Path]) -> list[str]:
+    """The shortest path tails (``name``, ``parent/name``, ...) that are all different."""
+    for depth in range(1, max(len(d.parts) for d in dirs) + 1):
+        labels = ["/".join(d.parts[-depth:]) for d in dirs]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [str(d) for d in dirs]  # the same directory given twice
 
 
 def select_metrics(runs: Sequence[Run], patterns: Sequence[str] = ()) -> list[str]:
@@ -101,33 +109,35 @@ def select_metrics(runs: Sequence[Run], patterns: Sequence[str] = ()) -> list[st
 
 
 def parse_smoothing(spec: str) -> Smoother:
-    """``ema:A`` (exponential moving average, weight A in [0, 1) on the past) or ``window:N``
-    (mean of the last N points)."""
+    """``ema:A`` (exponential moving average, weight A per step on the past, 0 <= A < 1) or
+    ``window:N`` (mean over the last N steps). Both count steps, not points, so a metric logged
+    every step and one logged every 250 (held-out accuracy) are smoothed over the same span."""
     kind, _, raw = spec.partition(":")
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
     if kind == "ema" and 0 <= value < 1:
-        return lambda ys: ema(ys, value)
+        return lambda xs, ys: ema(xs, ys, value)
     if kind == "window" and value.is_integer() and value >= 1:
-        return lambda ys: trailing_mean(ys, int(value))
+        return lambda xs, ys: trailing_mean(xs, ys, int(value))
     raise PlotError(f"--smooth {spec!r}: expected ema:A with 0 <= A < 1, or window:N with N >= 1")
 
 
-def ema(ys: Sequence[float], alpha: float) -> list[float]:
-    """s_0 = y_0, s_t = alpha * s_{t-1} + (1 - alpha) * y_t."""
+def ema(xs: Sequence[float], ys: Sequence[float], alpha: float) -> list[float]:
+    """s_0 = y_0, s_i = w * s_{i-1} + (1 - w) * y_i with w = alpha ** (x_i - x_{i-1})."""
     out: list[float] = []
-    for y in ys:
-        out.append(y if not out else alpha * out[-1] + (1 - alpha) * y)
+    for i, y in enumerate(ys):
+        w = alpha ** (xs[i] - xs[i - 1]) if out else 0.0
+        out.append(w * out[-1] + (1 - w) * y if out else y)
     return out
 
 
-def trailing_mean(ys: Sequence[float], window: int) -> list[float]:
-    """Mean of the last ``window`` values at each point (fewer at the start)."""
+def trailing_mean(xs: Sequence[float], ys: Sequence[float], window: int) -> list[float]:
+    """At each point, the mean of the values at steps in (x_i - window, x_i]."""
     out: list[float] = []
-    for i in range(len(ys)):
-        recent = ys[max(0, i - window + 1) : i + 1]
+    for x in xs:
+        recent = [y for xj, y in zip(xs, ys, strict=True) if x - window < xj <= x]
         out.append(sum(recent) / len(recent))
     return out
 
@@ -152,7 +162,7 @@ def build_figure(runs: Sequence[Run], keys: Sequence[str], smoother: Smoother | 
             style = {"color": colours[i % len(colours)], "marker": "o" if len(xs) < 30 else None}
             if smoother is not None:
                 ax.plot(xs, ys, alpha=0.25, linewidth=1, color=style["color"])
-                ys = smoother(ys)
+                ys = smoother(xs, ys)
             (line,) = ax.plot(xs, ys, label=run.label, markersize=3, **style)
             handles.setdefault(run.label, line)
         ax.set_title(key, fontsize=9)
