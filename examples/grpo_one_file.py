@@ -1,6 +1,6 @@
 """GRPO in one file: sample, score, group advantages, clipped loss, exact token-sum update.
 
-    python examples/grpo_one_file.py              # 3000 steps, about as long as `make demo`
+    python examples/grpo_one_file.py              # 3000 steps, about 5 CPU-minutes
     python examples/grpo_one_file.py --steps 200  # a quick look
 
 A 34k-parameter Llama (the `arith` preset) learns one-digit addition from random weights, by RL
@@ -9,6 +9,8 @@ alone, on the CPU: the same task and settings as the `arithmetic_clipped` recipe
 step is written out below, in the order it happens; only the building blocks come from the
 library (rollout engine, verifier, group-advantage annotator, policy-gradient and KL
 primitives, response logprobs), so each line here can be checked against the framework's.
+Measured with the defaults (seed 0, one CPU thread, 313 s of CPU time): held-out accuracy 0.00 at
+step 0, 0.70 at step 1500, 0.95 at step 2000, 0.85 at step 3000.
 
 What the framework adds on top: config and preflight, several ranks and Ray placement,
 checkpoints and exact resume, metrics sinks, the Objective contract that lets you swap the loss.
@@ -92,20 +94,18 @@ def score(rollout, items) -> tuple[torch.Tensor, torch.Tensor]:
 
 # --- 4. group advantages: computed while each prompt's whole group is present -------------------
 def advantages(rewards, batch: TrajectoryBatch, n: int) -> tuple[torch.Tensor, float]:
-    adv, stats = group_advantages(
-        rewards, batch.group_ids, group_size=n
-    )  # (r - mean) / (std + eps)
+    # A = (r - mean(group)) / (std(group) + eps); 0 for a group whose rewards are all equal.
+    adv, stats = group_advantages(rewards, batch.group_ids, group_size=n)
     return adv.float(), stats["zero_variance_group_frac"]
 
 
 # --- 5. pi_old and the reference: frozen per-token logprobs, scored once per collected batch ----
 @torch.no_grad()
-def frozen_logprobs(model, batch: TrajectoryBatch, micro: int) -> torch.Tensor:
+def frozen_logprobs(model, batch: TrajectoryBatch, micro: int, temperature: float):
     was_training = model.training
     model.eval()
-    out = torch.cat(
-        [response_logprobs(model, batch[i : i + micro]) for i in range(0, len(batch), micro)]
-    )
+    chunks = [batch[i : i + micro] for i in range(0, len(batch), micro)]
+    out = torch.cat([response_logprobs(model, chunk, temperature) for chunk in chunks])
     model.train(was_training)
     return out
 
@@ -117,11 +117,15 @@ def chunk_loss(model, chunk, adv, old_logp, ref_logp, args: Args):
     per_token, stats = clipped_policy_gradient_loss(
         logp, old_logp, adv, mask, epsilon_low=args.epsilon, epsilon_high=args.epsilon
     )
-    kl = kl_penalty(logp, ref_logp, mask, "k3")  # (r - 1) - log r with r = pi_ref / pi
+    kl = kl_penalty(logp, ref_logp, mask, "k3")  # (r - 1) - log r, r = pi_ref / pi per token
     per_token = per_token + args.kl_beta * kl
     numerator, weight = reduce_policy_gradient_loss(per_token, mask, "token-mean")
     stats["kl_ref"] = masked_mean(kl.detach(), mask)
     return numerator, weight, stats
+
+
+#: Diagnostics that are token means (so chunks combine weighted by their tokens).
+MEAN_STATS = ("clip_frac_low", "clip_frac_high", "ratio_mean", "approx_kl", "kl_ref")
 
 
 # --- 7. one optimizer step over a mini-batch, split into micro-batches --------------------------
@@ -142,8 +146,8 @@ def update(model, optimizer, batch, adv, old_logp, ref_logp, args: Args) -> dict
         )
         (numerator / total_weight).backward()
         loss += float(numerator.detach() / total_weight)
-        for k, v in stats.items():  # token-weighted means over the mini-batch
-            stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * float(weight) / float(total_weight)
+        for k in MEAN_STATS:  # per-chunk token means -> the mini-batch's token mean
+            stats_sum[k] = stats_sum.get(k, 0.0) + float(stats[k]) * float(weight / total_weight)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
     optimizer.step()
     return {"loss": loss, "grad_norm": float(grad_norm), **stats_sum}
@@ -179,8 +183,9 @@ def train(args: Args, log=print) -> dict[str, float]:
         rewards, correct = score(rollout, items)
         adv, zero_var = advantages(rewards, rollout.batch, args.n)
         batch = rollout.batch
-        old_logp = frozen_logprobs(model, batch, args.micro_batch_size)  # pi_old, before updates
-        ref_logp = frozen_logprobs(reference, batch, args.micro_batch_size)
+        micro, temp = args.micro_batch_size, args.temperature
+        old_logp = frozen_logprobs(model, batch, micro, temp)  # pi_old: before any update
+        ref_logp = frozen_logprobs(reference, batch, micro, temp)
         for group in optimizer.param_groups:
             group["lr"] = cosine_lr(step, args)
         size = math.ceil(len(batch) / args.updates_per_batch)

@@ -55,9 +55,9 @@ def test_grpo_one_file_update_is_exact_for_any_micro_batch_size():
     batch = rollout.batch
     generator = torch.Generator().manual_seed(0)
     adv = torch.randn(len(batch), generator=generator)  # a signal even if every reward is 0
-    old = ns["frozen_logprobs"](model, batch, 64)
+    old = ns["frozen_logprobs"](model, batch, 64, 1.0)
     old = old + 0.3 * torch.randn(old.shape, generator=generator)  # ratios away from 1: clipping
-    ref = ns["frozen_logprobs"](reference, batch, 64)
+    ref = ns["frozen_logprobs"](reference, batch, 64, 1.0)
 
     def step(micro: int):
         m = copy.deepcopy(model)
