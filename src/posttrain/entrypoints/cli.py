@@ -115,16 +115,36 @@ def _add_grpo(sub: argparse._SubParsersAction) -> None:
 
 
 def plot(args: argparse.Namespace, overrides: list[str]) -> int:
-    from posttrain.metrics.plot import plot_run
+    from posttrain.metrics.plot import plot_runs
 
-    print(plot_run(args.run_dir, args.out))
+    metrics = [m.strip() for arg in args.metrics or () for m in arg.split(",") if m.strip()]
+    print(plot_runs(args.runs, args.out, metrics=metrics, smooth=args.smooth))
     return 0
 
 
 def _add_plot(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plot", help="render reward, accuracy and loss curves of a run to PNG")
-    p.add_argument("run_dir", metavar="OUT_DIR", help="a run directory (holds metrics.jsonl)")
-    p.add_argument("--out", default=None, help="PNG path (default OUT_DIR/curves.png)")
+    p = sub.add_parser(
+        "plot",
+        help="plot runs' curves (overlaid, with a legend) to PNG",
+        description="Default panels: reward, held-out accuracy, loss, KL, clip fractions, "
+        "response length, then the objective's own train/<namespace>/* metrics.",
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directory (or its metrics.jsonl)")
+    p.add_argument(
+        "--metrics",
+        action="append",
+        metavar="KEYS",
+        help="comma-separated metric names or globs over metrics.jsonl keys, e.g. "
+        "'val/accuracy,train/pg/*' (repeatable)",
+    )
+    p.add_argument(
+        "--smooth",
+        metavar="SPEC",
+        help="ema:A (0 <= A < 1, weight on the past) or window:N (mean of the last N points)",
+    )
+    p.add_argument(
+        "--out", help="PNG path (default RUN/curves.png for one run, ./curves.png for several)"
+    )
     p.set_defaults(handler=plot)
 
 
@@ -162,11 +182,12 @@ class _Parser(argparse.ArgumentParser):
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input a user controls: reported in one line, never with a traceback."""
     from posttrain.data.tasks import TaskDataError
+    from posttrain.metrics.plot import PlotError
     from posttrain.placement.errors import RoleFailedError
     from posttrain.reward import RewardError
     from posttrain.trainer import TrainerError
 
-    return (RewardError, TaskDataError, TrainerError, RoleFailedError, FileNotFoundError)
+    return (RewardError, TaskDataError, TrainerError, RoleFailedError, PlotError, FileNotFoundError)
 
 
 def run_guarded(fn: Callable[[], int]) -> int:
