@@ -109,16 +109,17 @@ def test_lora_run_saves_peft_adapters_and_resumes_exactly(tmp_path, tiny_dir):
 
 
 def test_sync_to_an_own_copy_sends_merged_weights(tmp_path, tiny_dir):
+    from posttrain.config import load_config
     from posttrain.config.build import build_objective
     from posttrain.placement.roles import PolicyRole, RolloutRole
 
-    opts = quick_opts(tmp_path, tiny_dir, **LORA)
-    policy = PolicyRole("arithmetic", opts, build_objective, str(tmp_path / "run"))
+    config = load_config("arithmetic", ["--", *quick_opts(tmp_path, tiny_dir, **LORA)])
+    policy = PolicyRole(config, build_objective, str(tmp_path / "run"))
     with torch.no_grad():
         for name, p in policy.model.named_parameters():
             if "lora_B" in name:
                 p.normal_()
-    rollout = RolloutRole("arithmetic", opts)  # its own plain copy, as on another machine
+    rollout = RolloutRole(config)  # its own plain copy, as on another machine
     weights = policy.weights()
     assert not any("lora" in k or "base_layer" in k for k in weights)
     rollout.sync(weights)

@@ -6,7 +6,10 @@ A resolved config is provenance; it must not claim an algorithm setting the loss
 from __future__ import annotations
 
 from posttrain.config.schema import PosttrainConfig
-from posttrain.control.rules import are, changed, error, objective_family
+from posttrain.control.rules import are, changed, error, objective_family, reset_hint
+
+#: The clipped surrogate's knobs that legacy_pg never reads.
+CLIP_KNOBS = ("epsilon_low", "epsilon_high", "lower_bound_ratio", "loss_type")
 
 
 @error(
@@ -21,12 +24,12 @@ def legacy_pg_clip_knobs(cfg: PosttrainConfig) -> str | None:
     epsilon, dual clip or loss_type."""
     if cfg.rl.grpo_surrogate != "legacy_pg":
         return None
-    knobs = changed(cfg.rl, "epsilon_low", "epsilon_high", "lower_bound_ratio", "loss_type")
+    knobs = changed(cfg.rl, *CLIP_KNOBS)
     if not knobs:
         return None
     return (
         f"{are(knobs)} never read by rl.grpo_surrogate=legacy_pg (no ratio clip, "
-        "token-mean loss); reset them to their defaults or select rl.grpo_surrogate=clipped"
+        f"token-mean loss); {reset_hint(cfg.rl, *CLIP_KNOBS)}, or select rl.grpo_surrogate=clipped"
     )
 
 
@@ -89,7 +92,7 @@ def advantage_eps_unread(cfg: PosttrainConfig) -> str | None:
         return None
     return (
         f"rl.advantage_eps={rl.advantage_eps} is never read with rl.advantage_estimator="
-        f"{rl.advantage_estimator} (no std division); remove it"
+        f"{rl.advantage_estimator} (no std division); {reset_hint(rl, 'advantage_eps')}"
     )
 
 
@@ -102,7 +105,7 @@ def reward_scaling_fixed_by_estimator(cfg: PosttrainConfig) -> str | None:
         return None
     return (
         f"rl.reward_scaling={rl.reward_scaling} is never read by rl.advantage_estimator="
-        f"{rl.advantage_estimator} (it fixes its own scaling); remove it"
+        f"{rl.advantage_estimator} (it fixes its own scaling); {reset_hint(rl, 'reward_scaling')}"
     )
 
 
@@ -125,7 +128,8 @@ def entropy_coef_needs_clipped(cfg: PosttrainConfig) -> str | None:
         return None
     return (
         f"rl.entropy_coef={cfg.rl.entropy_coef} is never read by rl.grpo_surrogate=legacy_pg "
-        "(no entropy term); set rl.entropy_coef=0 or rl.grpo_surrogate=clipped"
+        f"(no entropy term); {reset_hint(cfg.rl, 'entropy_coef')} or set "
+        "rl.grpo_surrogate=clipped"
     )
 
 
@@ -137,7 +141,8 @@ def overlong_penalty_needs_buffer(cfg: PosttrainConfig) -> str | None:
         return None
     return (
         f"reward.overlong_penalty={cfg.reward.overlong_penalty} is never read with "
-        "reward.overlong_buffer=0; remove it or set reward.overlong_buffer"
+        f"reward.overlong_buffer=0; {reset_hint(cfg.reward, 'overlong_penalty')} or set "
+        "reward.overlong_buffer"
     )
 
 
@@ -148,7 +153,7 @@ def distillation_mode_without_opd(cfg: PosttrainConfig) -> str | None:
         return None
     return (
         f"rl.distillation_mode={cfg.rl.distillation_mode} is read only by OPD, not by "
-        f"job.algorithm={cfg.job.algorithm}; remove it"
+        f"job.algorithm={cfg.job.algorithm}; {reset_hint(cfg.rl, 'distillation_mode')}"
     )
 
 
@@ -159,7 +164,8 @@ def sampling_rounds_need_dynamic_sampling(cfg: PosttrainConfig) -> str | None:
         return None
     return (
         f"rl.max_sampling_rounds={cfg.rl.max_sampling_rounds} is never read with "
-        "rl.dynamic_sampling=false; remove it or set rl.dynamic_sampling=true"
+        f"rl.dynamic_sampling=false; {reset_hint(cfg.rl, 'max_sampling_rounds')} or set "
+        "rl.dynamic_sampling=true"
     )
 
 

@@ -1,10 +1,15 @@
-"""User reward functions named by ``"module:function"`` strings.
+"""User reward functions named by ``"module:function"`` strings (``reward.functions``).
 
 A reward function is ``fn(prompt: str, completion: str, answer: str, meta: dict) -> float``
 (``prompt`` is the task item's prompt before templating, ``answer`` its gold answer). Only
 module-level callables are accepted: a name is what travels to other processes and what a
 resumed run re-imports, and a lambda or a function defined inside another cannot be found again
 by name.
+
+The module is imported as ``python -m`` would find it: the current working directory is searched
+first, so ``reward.functions=[my_rewards:length_bonus]`` works with ``my_rewards.py`` next to
+where the command runs. Preflight loads every entry (``posttrain config show`` reports a bad one
+before any model is built); the message is one line naming the entry and what to do.
 """
 
 from __future__ import annotations
@@ -12,14 +17,22 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
+
+from posttrain.config.errors import ConfigError
 
 RewardFn = Callable[[str, str, str, dict], float]
 
+#: The call every reward function must accept.
+SIGNATURE = "fn(prompt, completion, answer, meta) -> float"
 
-class RewardFunctionSpecError(ValueError):
-    """A ``"module:function"`` spec cannot be loaded as a reward function."""
+
+class RewardFunctionSpecError(ConfigError):
+    """A ``reward.functions`` entry cannot be loaded as a reward function."""
 
 
 @dataclass(frozen=True)
@@ -33,49 +46,78 @@ class RewardFunction:
         return self.fn(prompt, completion, answer, meta)
 
 
+def import_from_cwd(module_name: str) -> ModuleType:
+    """Import ``module_name`` with the working directory searched first, as ``python -m`` does.
+
+    The directory is on ``sys.path`` only for this import: a package found there keeps its
+    absolute ``__path__``, so its later submodule imports still resolve.
+    """
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
 def load_reward_function(spec: str) -> RewardFunction:
     """Import ``spec`` (``"package.module:function"``) and check it can be called as a reward."""
+
+    def fail(reason: str) -> RewardFunctionSpecError:
+        return RewardFunctionSpecError(f"reward.functions entry {spec!r}: {reason}")
+
     if not isinstance(spec, str) or spec.count(":") != 1:
-        raise RewardFunctionSpecError(
-            f"reward function {spec!r}: expected 'module:function' (one colon)"
-        )
+        raise fail("expected 'module:function' (one colon)")
     module_name, attr = (part.strip() for part in spec.split(":"))
     if not module_name or not attr.isidentifier():
-        raise RewardFunctionSpecError(
-            f"reward function {spec!r}: expected 'module:function' with a module path and a "
-            "plain function name (module-level only, no dotted attribute)"
+        raise fail(
+            "expected 'module:function' with a module path and a plain function name "
+            "(module-level only, no dotted attribute)"
         )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise RewardFunctionSpecError(
-            f"reward function {spec!r}: cannot import module {module_name!r} ({e})"
-        ) from e
+    module = _import(module_name, fail)
+    where = getattr(module, "__file__", None) or module_name
     if not hasattr(module, attr):
-        raise RewardFunctionSpecError(
-            f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}"
+        raise fail(
+            f"module {module_name!r} ({where}) has no attribute {attr!r}; define {SIGNATURE} there"
         )
     fn = getattr(module, attr)
     if not callable(fn) or inspect.isclass(fn):
-        raise RewardFunctionSpecError(
-            f"reward function {spec!r}: {attr!r} is a {type(fn).__name__}, not a function"
-        )
+        raise fail(f"{attr!r} is a {type(fn).__name__}, not a function; name a {SIGNATURE}")
     inner = fn
     while isinstance(inner, functools.partial):
         inner = inner.func
     qualname = getattr(inner, "__qualname__", "")
     if "<lambda>" in qualname or "<locals>" in qualname:
-        raise RewardFunctionSpecError(
-            f"reward function {spec!r}: {attr!r} wraps {qualname!r}, a lambda or nested function; "
-            "define it with 'def' at module level"
+        raise fail(
+            f"{attr!r} wraps {qualname!r}, a lambda or nested function; define it with 'def' at "
+            "module level"
         )
     try:
         inspect.signature(fn).bind("", "", "", {})
     except TypeError as e:
-        raise RewardFunctionSpecError(
-            f"reward function {spec!r}: cannot be called as fn(prompt, completion, answer, meta) "
-            f"({e})"
+        raise fail(
+            f"cannot be called as {SIGNATURE} ({e}); give it those four parameters"
         ) from None
     except ValueError:
         pass  # no introspectable signature (some builtins); the first call will tell
     return RewardFunction(spec=spec, fn=fn)
+
+
+def _import(module_name: str, fail: Callable[[str], RewardFunctionSpecError]) -> ModuleType:
+    try:
+        return import_from_cwd(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise fail(
+                f"cannot import module {module_name!r} (no {e.name!r} in {os.getcwd()} or on "
+                "sys.path); run from the directory that holds it or add that directory to "
+                "PYTHONPATH"
+            ) from None
+        raise fail(f"importing module {module_name!r} failed: {e}; install {e.name!r}") from None
+    except Exception as e:  # the user's module raised while importing
+        raise fail(
+            f"importing module {module_name!r} failed: {type(e).__name__}: {e}; fix the module"
+        ) from None
