@@ -14,6 +14,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from posttrain.config.errors import ConfigError
@@ -23,32 +24,65 @@ class BuilderError(ConfigError):
     """User code cannot travel to workers (a lambda, a nested function, not callable)."""
 
 
-def import_callable(spec: str, what: str) -> Callable[..., Any]:
-    """The callable ``spec`` names (``"package.module:function"``); one-line errors say ``what``."""
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise BuilderError(f"{what} {spec!r}: expected 'module:function' (one colon)")
-    module_name, attr = (part.strip() for part in spec.split(":"))
-    if not module_name or not attr.isidentifier():
-        raise BuilderError(
-            f"{what} {spec!r}: expected 'module:function' with a module path and a plain "
-            "function name (module level only, no dotted attribute)"
-        )
+def import_from_cwd(module_name: str) -> ModuleType:
+    """Import ``module_name`` with the working directory searched first, as ``python -m`` does.
+
+    The directory is on ``sys.path`` only for this import: a package found there keeps its
+    absolute ``__path__``, so its later submodule imports still resolve.
+    """
     cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
+    added = cwd not in sys.path
+    if added:
         sys.path.insert(0, cwd)
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise BuilderError(
-            f"{what} {spec!r}: cannot import module {module_name!r} ({e}); it must be importable "
-            "from the working directory or an installed package"
-        ) from None
+        return importlib.import_module(module_name)
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def split_spec(spec: Any, fail: Callable[[str], Exception]) -> tuple[str, str]:
+    """``"package.module:function"`` -> (module, function), or ``fail``'s error."""
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        raise fail("expected 'module:function' (one colon)")
+    module_name, attr = (part.strip() for part in spec.split(":"))
+    if not module_name or not attr.isidentifier():
+        raise fail(
+            "expected 'module:function' with a module path and a plain function name "
+            "(module-level only, no dotted attribute)"
+        )
+    return module_name, attr
+
+
+def import_user_module(module_name: str, fail: Callable[[str], Exception]) -> ModuleType:
+    """The user's module, or ``fail``'s one-line error saying what to do."""
+    try:
+        return import_from_cwd(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise fail(
+                f"cannot import module {module_name!r} (no {e.name!r} in {os.getcwd()} or on "
+                "sys.path); run from the directory that holds it or add that directory to "
+                "PYTHONPATH"
+            ) from None
+        raise fail(f"importing module {module_name!r} failed: {e}; install {e.name!r}") from None
     except Exception as e:  # the user's module raised while importing
-        raise BuilderError(
-            f"{what} {spec!r}: importing {module_name!r} raised {type(e).__name__}: {e}"
+        raise fail(
+            f"importing module {module_name!r} failed: {type(e).__name__}: {e}; fix the module"
         ) from None
+
+
+def import_callable(spec: str, what: str) -> Callable[..., Any]:
+    """The callable ``spec`` names (``"package.module:function"``); one-line errors say ``what``."""
+
+    def fail(reason: str) -> BuilderError:
+        return BuilderError(f"{what} {spec!r}: {reason}")
+
+    module_name, attr = split_spec(spec, fail)
+    module = import_user_module(module_name, fail)
     if not hasattr(module, attr):
-        raise BuilderError(f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        where = getattr(module, "__file__", None) or module_name
+        raise fail(f"module {module_name!r} ({where}) has no attribute {attr!r}")
     fn = getattr(module, attr)
     check_travels(fn, f"{what} {spec!r}")
     return fn

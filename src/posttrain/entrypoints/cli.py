@@ -70,7 +70,7 @@ def _recipes_epilog() -> str:
     return (
         "built-in recipes (or a recipe .py file, or a saved config.yaml):\n"
         + "\n".join(lines)
-        + "\n\nconfig overrides follow `--` as section.key=value (`section.key=!default` resets one):"
+        + "\n\nconfig overrides follow `--` as section.key=value (`section.key=@default` resets one):"
         "\n  posttrain grpo --config arithmetic_clipped -- rl.max_steps=200 rl.lr=3e-3"
     )
 

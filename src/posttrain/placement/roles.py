@@ -22,6 +22,7 @@ from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.loading import load_policy
 from posttrain.model.lora import AdapterFreeReference, apply_lora, is_lora, merged_state
+from posttrain.model.protocol import model_capabilities, require_trainable
 from posttrain.reward import RewardStage
 from posttrain.reward.stage import RewardResult, RowScores
 from posttrain.rollout import Rollout, TorchRolloutEngine
@@ -45,6 +46,9 @@ class PolicyRole:
         self.model, self.tokenizer = load_policy(
             cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", device
         )
+        claim = cfg.model.certified_deterministic_forward
+        self.capabilities = model_capabilities(self.model, certified_deterministic_forward=claim)
+        require_trainable(self.capabilities, cfg.model.name_or_path)
         m = cfg.model
         reference, auxiliary = None, ()
         if m.lora_rank:

@@ -15,15 +15,12 @@ before any model is built); the message is one line naming the entry and what to
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 
 from posttrain.config.errors import ConfigError
+from posttrain.config.user_code import import_user_module, split_spec
 
 RewardFn = Callable[[str, str, str, dict], float]
 
@@ -46,38 +43,14 @@ class RewardFunction:
         return self.fn(prompt, completion, answer, meta)
 
 
-def import_from_cwd(module_name: str) -> ModuleType:
-    """Import ``module_name`` with the working directory searched first, as ``python -m`` does.
-
-    The directory is on ``sys.path`` only for this import: a package found there keeps its
-    absolute ``__path__``, so its later submodule imports still resolve.
-    """
-    cwd = os.getcwd()
-    added = cwd not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        return importlib.import_module(module_name)
-    finally:
-        if added and cwd in sys.path:
-            sys.path.remove(cwd)
-
-
 def load_reward_function(spec: str) -> RewardFunction:
     """Import ``spec`` (``"package.module:function"``) and check it can be called as a reward."""
 
     def fail(reason: str) -> RewardFunctionSpecError:
         return RewardFunctionSpecError(f"reward.functions entry {spec!r}: {reason}")
 
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise fail("expected 'module:function' (one colon)")
-    module_name, attr = (part.strip() for part in spec.split(":"))
-    if not module_name or not attr.isidentifier():
-        raise fail(
-            "expected 'module:function' with a module path and a plain function name "
-            "(module-level only, no dotted attribute)"
-        )
-    module = _import(module_name, fail)
+    module_name, attr = split_spec(spec, fail)
+    module = import_user_module(module_name, fail)
     where = getattr(module, "__file__", None) or module_name
     if not hasattr(module, attr):
         raise fail(
@@ -104,20 +77,3 @@ def load_reward_function(spec: str) -> RewardFunction:
     except ValueError:
         pass  # no introspectable signature (some builtins); the first call will tell
     return RewardFunction(spec=spec, fn=fn)
-
-
-def _import(module_name: str, fail: Callable[[str], RewardFunctionSpecError]) -> ModuleType:
-    try:
-        return import_from_cwd(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise fail(
-                f"cannot import module {module_name!r} (no {e.name!r} in {os.getcwd()} or on "
-                "sys.path); run from the directory that holds it or add that directory to "
-                "PYTHONPATH"
-            ) from None
-        raise fail(f"importing module {module_name!r} failed: {e}; install {e.name!r}") from None
-    except Exception as e:  # the user's module raised while importing
-        raise fail(
-            f"importing module {module_name!r} failed: {type(e).__name__}: {e}; fix the module"
-        ) from None

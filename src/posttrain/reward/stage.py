@@ -30,12 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posttrain.algorithm.annotators.advantage import (
-    AdvantageEstimator,
-    RewardScaling,
-    group_advantages,
-    shared_prefix_mask,
-)
+from posttrain.algorithm.annotators.advantage import group_advantages, shared_prefix_mask
+from posttrain.algorithm.primitives.choices import AdvantageEstimator, RewardScaling
 from posttrain.data.tasks.base import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.reward.extract import follows_format
@@ -199,10 +195,6 @@ class RewardStage:
             format_ok=torch.tensor(fmt, dtype=torch.bool),
             functions={k: torch.tensor(v, dtype=f64) for k, v in fn_vals.items()},
         )
-
-    def evaluate(self, completions: Sequence[str], items: Sequence[TaskItem]) -> dict[str, float]:
-        """Held-out metrics: accuracy, reward mean and format fraction (no advantages)."""
-        return self.metrics_of(self.score(completions, items))
 
     @staticmethod
     def metrics_of(s: RowScores) -> dict[str, float]:

@@ -19,15 +19,11 @@ A group whose rewards are all equal gets advantage exactly 0 under the group bas
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import torch
 from torch import Tensor
 
-AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
-RewardScaling = Literal["group", "batch", "none"]
-ESTIMATORS: tuple[str, ...] = get_args(AdvantageEstimator)
-SCALINGS: tuple[str, ...] = get_args(RewardScaling)
+from posttrain.algorithm.primitives.choices import ESTIMATORS, SCALINGS
+
 #: Estimators that fix their own scaling (``scaling`` is not read).
 FIXED_SCALING = {"dr_grpo": "none", "reinforce_pp": "batch"}
 
