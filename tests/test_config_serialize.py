@@ -42,6 +42,9 @@ _SPECIAL: dict[str, st.SearchStrategy] = {
         st.integers(-100, 100) | st.booleans() | st.from_regex(r"[a-z]{0,5}", fullmatch=True),
         max_size=3,
     ),
+    "model.lora_target_modules": st.lists(
+        st.from_regex(r"[a-z_][a-z0-9_.]{0,8}", fullmatch=True), min_size=1, max_size=4
+    ),
     "rl.lower_bound_ratio": st.one_of(st.just(0.0), st.floats(1.0, 100.0, exclude_min=True)),
 }
 
