@@ -170,6 +170,8 @@ CASES: list[tuple[str, list[str], str, list[str]]] = [
     ("dynamic_sampling_batch_baseline",
      ["rl.dynamic_sampling=true", "rl.advantage_estimator=reinforce_pp"],
      "groups of equal rewards are dropped", ["rl.dynamic_sampling=true"]),
+    ("dynamic_sampling_drops_teacher_signal", [*OPD, "rl.dynamic_sampling=true"],
+     "job.algorithm=opd: groups of equal task rewards are dropped", ["rl.dynamic_sampling=true"]),
     ("opd_direct_ignores_reward", [*OPD, "rl.distillation_mode=direct"],
      "task reward and group advantage are not training signals", OPD),
 ]  # fmt: skip

@@ -93,6 +93,18 @@ def dynamic_sampling_batch_baseline(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@warning("job.algorithm", "rl.dynamic_sampling")
+def dynamic_sampling_drops_teacher_signal(cfg: PosttrainConfig) -> str | None:
+    """OPD learns from the teacher's per-token signal, which a group of equal task rewards
+    still carries; dynamic sampling filters on task rewards only."""
+    if not cfg.rl.dynamic_sampling or objective_family(cfg) != "opd":
+        return None
+    return (
+        f"rl.dynamic_sampling=true with job.algorithm={cfg.job.algorithm}: groups of equal task "
+        "rewards are dropped although the teacher's signal on them is not zero"
+    )
+
+
 RULES = (
     sequence_level_on_policy_ratio,
     sequence_level_token_scale_epsilons,
@@ -100,4 +112,5 @@ RULES = (
     sequence_level_length_weighting,
     opd_direct_ignores_reward,
     dynamic_sampling_batch_baseline,
+    dynamic_sampling_drops_teacher_signal,
 )
