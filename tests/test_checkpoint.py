@@ -22,6 +22,7 @@ from posttrain.trainer import (
     PoisonedStateError,
     ResumeError,
 )
+from posttrain.trainer.manifest import CorruptCheckpointError, write_manifest
 from posttrain.trainer.rng import get_rng_state, set_rng_state
 
 CONFIG = {"job": {"name": "t"}, "rl": {"max_steps": 4, "lr": 1e-2}, "logging": {"every": 1}}
@@ -167,6 +168,9 @@ def test_load_refuses_other_dtype_and_world_size(saved):
         manager.load(path, make_trainer(dtype=torch.float64), config=CONFIG)
     meta = json.loads((path / "meta.json").read_text())
     (path / "meta.json").write_text(json.dumps({**meta, "world_size": 2}))
+    with pytest.raises(CorruptCheckpointError, match="meta.json has .* bytes"):
+        manager.load(path, make_trainer(), config=CONFIG)
+    write_manifest(path, 1)  # as if 2 ranks had written it
     with pytest.raises(ResumeError, match="written by 2 data-parallel ranks"):
         manager.load(path, make_trainer(), config=CONFIG)
 

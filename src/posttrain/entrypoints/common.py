@@ -12,6 +12,7 @@ from typing import Any
 
 from posttrain.config import ConfigError, PosttrainConfig, to_yaml
 from posttrain.data.tasks import TaskItem, format_prompt
+from posttrain.fileio import atomic_write_text
 
 
 class BuilderError(ConfigError):
@@ -55,9 +56,7 @@ def quiet_libraries() -> None:
 
 def write_resolved_config(config: PosttrainConfig, run_dir: Path) -> None:
     """The resolved config of the run (what every role rebuilt), written atomically."""
-    tmp = run_dir / ".config.yaml.tmp"
-    tmp.write_text(to_yaml(config))
-    tmp.replace(run_dir / "config.yaml")
+    atomic_write_text(run_dir / "config.yaml", to_yaml(config))
 
 
 def default_out_dir(config: PosttrainConfig) -> Path:
@@ -73,13 +72,14 @@ def encode_prompts(items: Sequence[TaskItem], template: str, tokenizer) -> list[
 
 def write_samples(path: Path, items, completions, scores) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for i, (item, text) in enumerate(zip(items, completions, strict=True)):
-            row = {
-                "prompt": item.prompt,
-                "answer": item.answer,
-                "completion": text,
-                "reward": float(scores.rewards[i]),
-                "correct": bool(scores.correct[i]),
-            }
-            f.write(json.dumps(row) + "\n")
+    rows = [
+        {
+            "prompt": item.prompt,
+            "answer": item.answer,
+            "completion": text,
+            "reward": float(scores.rewards[i]),
+            "correct": bool(scores.correct[i]),
+        }
+        for i, (item, text) in enumerate(zip(items, completions, strict=True))
+    ]
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
