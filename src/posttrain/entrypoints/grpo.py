@@ -30,6 +30,7 @@ from posttrain.entrypoints.common import (
     write_resolved_config,
     write_samples,
 )
+from posttrain.entrypoints.input_checks import check_inputs
 from posttrain.entrypoints.run_lock import RunLock, prepare_run_dir
 from posttrain.entrypoints.signals import GracefulStop
 from posttrain.metrics import open_sinks
@@ -66,6 +67,7 @@ def run(
     run_dir = prepare_run_dir(out_dir)
     with RunLock(run_dir):  # one writer per run directory
         ensure_model(resolved)
+        check_inputs(resolved, tasks)
         roles = _place(resolved, config_path, opts, build_objective_fn, run_dir)
         try:
             return loop(resolved, roles, tasks, run_dir)

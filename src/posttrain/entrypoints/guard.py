@@ -13,6 +13,7 @@ import errno
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Callable
 
 from posttrain.config import ConfigError
@@ -83,7 +84,9 @@ def run_guarded(fn: Callable[[], int], debug: bool = False) -> int:
     number, each reported as one line. ``debug`` also prints the traceback."""
     debug = debug_requested(debug)
     try:
-        with signals_raise():
+        with signals_raise(), warnings.catch_warnings():
+            if not debug:
+                warnings.formatwarning = _warning_line
             return fn()
     except RunInterrupted as e:
         return _report(e, f"posttrain: {e}", e.exit_code, debug)
@@ -104,6 +107,11 @@ def run_guarded(fn: Callable[[], int], debug: bool = False) -> int:
         return _report(e, f"posttrain: error: {describe(e)}", EXIT_CONFIG_ERROR, debug)
     except user_errors() as e:
         return _report(e, f"posttrain: error: {describe(e)}", EXIT_RUN_ERROR, debug)
+
+
+def _warning_line(message, category, filename, lineno, line=None) -> str:
+    """Warnings as one line each (the source location is for ``--debug``)."""
+    return f"posttrain: warning: {one_line(str(message))}\n"
 
 
 def _report(error: BaseException, message: str, code: int, debug: bool) -> int:

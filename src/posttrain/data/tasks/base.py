@@ -15,6 +15,14 @@ from typing import Any
 import numpy as np
 
 
+def clip(value: object, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters: error messages never echo a huge value."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit} more characters]"
+
+
 @dataclass(frozen=True)
 class TaskItem:
     """One problem: the prompt text (before any template), its gold answer, and free metadata.
