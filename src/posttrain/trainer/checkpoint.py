@@ -36,11 +36,11 @@ import torch
 from posttrain.fileio import fsync_dir
 from posttrain.trainer import distributed as dp
 from posttrain.trainer.compat import RESUME_MUTABLE_KEYS, check_resume_compatible, resume_notes
+from posttrain.trainer.core import Trainer
 from posttrain.trainer.errors import CheckpointError, PoisonedStateError, ResumeError
 from posttrain.trainer.manifest import COMPLETE, CorruptCheckpointError, verify, write_manifest
 from posttrain.trainer.model_io import load_model_dir, save_model_dir
 from posttrain.trainer.rng import get_rng_state, set_rng_state
-from posttrain.trainer.trainer import LLMTrainer
 
 FORMAT_VERSION = 2
 RESUME_MODES = ("auto", "off", "must")
@@ -134,7 +134,7 @@ class CheckpointManager:
     def save(
         self,
         step: int,
-        trainer: LLMTrainer,
+        trainer: Trainer,
         *,
         config: Mapping[str, Any],
         data_state: Any = None,
@@ -214,7 +214,7 @@ class CheckpointManager:
 
     # -- load / resume ---------------------------------------------------------------------
     def load(
-        self, path: str | os.PathLike, trainer: LLMTrainer, *, config: Mapping[str, Any]
+        self, path: str | os.PathLike, trainer: Trainer, *, config: Mapping[str, Any]
     ) -> ResumeState:
         """Verify ``path`` against its manifest, check compatibility, then restore model, trainer
         state and this rank's RNG. Nothing is loaded from a checkpoint that does not verify."""
@@ -253,7 +253,7 @@ class CheckpointManager:
         return ResumeState(path, int(meta["step"]), data_state, meta["config"])
 
     def resume(
-        self, trainer: LLMTrainer, *, mode: str, config: Mapping[str, Any]
+        self, trainer: Trainer, *, mode: str, config: Mapping[str, Any]
     ) -> ResumeState | None:
         """Apply a resume mode; returns the loaded state, or None when starting fresh.
 
@@ -333,7 +333,7 @@ class CheckpointManager:
         warnings.warn(f"moved the damaged checkpoint {path} aside to {target}", stacklevel=3)
 
 
-def _refuse_poisoned(trainer: LLMTrainer) -> None:
+def _refuse_poisoned(trainer: Trainer) -> None:
     for name, p in trainer.model.named_parameters():
         if not torch.isfinite(p).all():
             raise PoisonedStateError(f"refusing to save: parameter {name} holds NaN or inf")
