@@ -30,6 +30,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.filename is None:  # name the file a full disk or a permission stopped
+            raise OSError(e.errno, e.strerror, str(target)) from e
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -203,10 +203,14 @@ class CheckpointManager:
         dp.barrier()
 
     def _prune(self) -> None:
+        """After a save: remove step directories without a marker (a prune that was stopped;
+        a save only ever renames complete ones into place), then all but the newest K."""
+        for _, path in self._step_dirs():
+            if not (path / COMPLETE).exists():
+                shutil.rmtree(path)
         if self.keep_last == 0:
             return
-        done = [(s, p) for s, p in self._step_dirs() if (p / COMPLETE).exists()]
-        for _, path in done[: -self.keep_last]:
+        for _, path in self._step_dirs()[: -self.keep_last]:
             # Marker first: a prune killed midway leaves a directory that is visibly incomplete.
             (path / COMPLETE).unlink()
             fsync_dir(path)
@@ -305,8 +309,7 @@ class CheckpointManager:
         return self.load(chosen, trainer, config=config)
 
     def _remove_leftovers(self) -> None:
-        """Delete what an interrupted writer left: temp and trash directories of a save, and
-        step directories without a marker (a prune that stopped after removing it)."""
+        """Delete the temp and trash directories an interrupted save left behind."""
         if not self.root.is_dir():
             return
         for p in sorted(self.root.glob(".tmp-step_*")) + sorted(self.root.glob(".trash-step_*")):
@@ -314,14 +317,6 @@ class CheckpointManager:
                 f"removing half-written checkpoint {p} (an interrupted save)", stacklevel=3
             )
             shutil.rmtree(p)
-        for _, p in self._step_dirs():
-            if not (p / COMPLETE).exists():
-                warnings.warn(
-                    f"removing incomplete checkpoint {p} (no {COMPLETE} marker: an interrupted "
-                    "save or prune)",
-                    stacklevel=3,
-                )
-                shutil.rmtree(p)
 
     def _quarantine(self, path: Path) -> None:
         target = self.root / f".corrupt-{path.name}"
