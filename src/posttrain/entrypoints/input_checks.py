@@ -18,7 +18,7 @@ from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.data.tasks import TaskDataError, TaskSource
 from posttrain.data.tasks.base import clip
 from posttrain.entrypoints.common import encode_prompts
-from posttrain.model.loading import load_tokenizer
+from posttrain.model.loading import check_model_folder, load_tokenizer
 
 log = logging.getLogger("posttrain")
 
@@ -31,6 +31,7 @@ def check_inputs(config: PosttrainConfig, tasks: TaskSource) -> None:
     """Refuse a tokenizer that does not fit the model and prompts the model cannot take."""
     m = config.model
     key = "model.tokenizer_path" if m.tokenizer_path else "model.name_or_path"
+    check_model_folder(m.name_or_path)
     tokenizer = load_tokenizer(m.tokenizer_path or m.name_or_path)
     model_cfg = AutoConfig.from_pretrained(Path(m.name_or_path), local_files_only=True)
     text_cfg = model_cfg.get_text_config()

@@ -36,18 +36,8 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def load_policy(
-    name_or_path: str | Path,
-    tokenizer_path: str | Path | None = None,
-    dtype: str | torch.dtype = "float32",
-    device: str | torch.device | None = None,
-) -> tuple[PreTrainedModel, object]:
-    """``(model, tokenizer)`` from a local HF folder, weights cast to ``dtype`` on ``device``.
-
-    ``tokenizer_path`` defaults to the model folder. A tokenizer without a pad token gets its
-    EOS token as pad (padding is always masked, so the choice only needs to be a valid id).
-    The model is returned in eval mode; the trainer switches modes itself.
-    """
+def check_model_folder(name_or_path: str | Path) -> Path:
+    """The folder as a path, once it is known to hold a config and weights (one-line errors)."""
     path = Path(name_or_path)
     if not path.is_dir():
         raise ModelLoadError(
@@ -64,6 +54,22 @@ def load_policy(
             f"model folder {str(path)!r} has a config.json but no weights ({' or '.join(WEIGHT_FILES[::2])}); "
             "copy the weights there, or point model.name_or_path at a complete model folder"
         )
+    return path
+
+
+def load_policy(
+    name_or_path: str | Path,
+    tokenizer_path: str | Path | None = None,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device | None = None,
+) -> tuple[PreTrainedModel, object]:
+    """``(model, tokenizer)`` from a local HF folder, weights cast to ``dtype`` on ``device``.
+
+    ``tokenizer_path`` defaults to the model folder. A tokenizer without a pad token gets its
+    EOS token as pad (padding is always masked, so the choice only needs to be a valid id).
+    The model is returned in eval mode; the trainer switches modes itself.
+    """
+    path = check_model_folder(name_or_path)
     torch_dtype = resolve_dtype(dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
