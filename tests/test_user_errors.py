@@ -104,8 +104,17 @@ def test_output_root(tmp_path, models, capsys, monkeypatch):
 
 
 def test_diverging_run_takes_the_nonfinite_path(tmp_path, models, capsys):
-    msg = one_error(capsys, cli(tmp_path, models[0], "rl.lr=1e20", "rl.max_steps=10"))
-    assert "NonFiniteTrainingError: stopping at train/step" in msg and "lower the learning" in msg
+    argv = cli(tmp_path, models[0], "rl.lr=1e20", "rl.max_steps=10")
+    with pytest.warns(UserWarning, match="non-finite") as record:
+        assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "NonFiniteTrainingError: stopping at optimizer step" in err[-1], err
+    assert "lower the learning rate" in err[-1] and "Traceback" not in "\n".join(err)
+    texts = [str(w.message) for w in record if "non-finite" in str(w.message)]
+    warned = [int(x.split("optimizer step ")[1].split(":")[0]) for x in texts]
+    rows = (tmp_path / "out/grpo/arithmetic_clipped/metrics.jsonl").read_text().splitlines()
+    skipped = [r["step"] for r in map(json.loads, rows) if r.get("train/skipped_nonfinite")]
+    assert skipped and warned[: len(skipped)] == skipped  # numbered like metrics.jsonl
 
 
 def exiting_reward(prompt, completion, answer, meta):

@@ -252,7 +252,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped_empty_total += 1
             warnings.warn(
-                f"train/step {self.global_step}: the objective weight is 0 on every rank (no response "
+                f"optimizer step {self.global_step + 1}: the objective weight is 0 on every rank (no response "
                 "token carries loss); update skipped",
                 stacklevel=2,
             )
@@ -272,7 +272,8 @@ class Trainer:
         metrics.update(public)
         if self.consecutive_nonfinite >= self.max_consecutive_nonfinite:
             raise NonFiniteTrainingError(
-                f"stopping at train/step {step}: {self.consecutive_nonfinite} consecutive optimizer "
+                f"stopping at optimizer step {step + 1} (train/optimizer_steps in the metrics): "
+                f"{self.consecutive_nonfinite} consecutive optimizer "
                 "steps had a non-finite loss or gradient (each was skipped, so the model and "
                 "optimizer are still those of the last good step); lower the learning rate, "
                 "set grad_clip, or inspect the data of these steps"
@@ -302,7 +303,8 @@ class Trainer:
         self.consecutive_nonfinite += 1
         self.skipped_nonfinite_total += 1
         warnings.warn(
-            f"train/step {self.global_step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
+            f"optimizer step {self.global_step + 1}: non-finite loss ({loss}) or gradient norm "
+            f"({grad_norm}); "
             f"update skipped ({self.consecutive_nonfinite}/{self.max_consecutive_nonfinite} "
             "consecutive before the run stops)",
             stacklevel=3,
