@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.config import ConfigError
+from posttrain.config import ConfigError, load_config
 from posttrain.config.sections import DataConfig
 from posttrain.entrypoints import run_lock
 from posttrain.entrypoints.cli import main
+from posttrain.entrypoints.grpo import build_tasks
 from posttrain.entrypoints.guard import one_line
+from posttrain.entrypoints.input_checks import check_inputs
 from posttrain.model.tiny import build_tiny_model
 
 
@@ -67,7 +69,8 @@ def test_data_rows(tmp_path, models, capsys):
     assert "rows.jsonl:1" in msg and "more characters]" in msg
     long = json.dumps({"question": "1" * 5_000_000, "answer": "#### 2"}).encode()
     msg = one_error(capsys, jsonl(tmp_path, arith, long))
-    assert "row rows.jsonl:1: the prompt is over" in msg and "rollout.max_tokens" in msg
+    assert "row rows.jsonl:1: the prompt is more than 61 tokens" in msg
+    assert "data.prompt_truncation" in msg
     letters = b'{"question": "what is one plus one?", "answer": "#### 2"}\n'
     msg = one_error(capsys, jsonl(tmp_path, arith, letters))
     assert "row rows.jsonl:1" in msg and "unknown token" in msg
@@ -140,3 +143,16 @@ def test_one_line_cuts_and_flattens():
     assert one_line("a\nb  c") == "a b c"
     cut = one_line("x" * 1000, limit=10)
     assert cut == "xxxxxxxxxx... [990 more characters]"
+
+
+@pytest.mark.parametrize(("mode", "kept"), [("left", "1" * 57 + "+2="), ("right", "1" * 60)])
+def test_long_prompts_are_cut_when_the_config_says_so(tmp_path, models, mode, kept, caplog):
+    argv = jsonl(
+        tmp_path,
+        models[0],
+        json.dumps({"question": "1" * 200 + "+2=", "answer": "#### 3"}).encode(),
+    )
+    config = load_config("arithmetic_clipped", ["--", *argv[4:], f"data.prompt_truncation={mode}"])
+    tasks = check_inputs(config, build_tasks(config))
+    assert tasks.item_at(0, 0).prompt == kept  # 61 tokens: <bos> and 60 characters
+    assert "1 prompts were longer than the 61 tokens" in caplog.text

@@ -67,7 +67,7 @@ def run(
     run_dir = prepare_run_dir(out_dir)
     with RunLock(run_dir):  # one writer per run directory
         ensure_model(resolved)
-        check_inputs(resolved, tasks)
+        tasks = check_inputs(resolved, tasks)
         roles = _place(resolved, config_path, opts, build_objective_fn, run_dir)
         try:
             return loop(resolved, roles, tasks, run_dir)

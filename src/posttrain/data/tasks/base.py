@@ -8,7 +8,7 @@ that resume needs; the item at a cursor is computed directly, never by replaying
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,10 @@ class TaskSource:
     def val_items(self) -> list[TaskItem]:
         """The held-out split, in a fixed order."""
         return list(self._val)
+
+    def map_items(self, fn: Callable[[TaskItem], TaskItem]) -> TaskSource:
+        """The same source (name, order, splits) with every item passed through ``fn``."""
+        return TaskSource(self.name, [fn(it) for it in self._train], [fn(it) for it in self._val])
 
     def item_at(self, seed: int, cursor: int) -> TaskItem:
         """The train item at position ``cursor`` of the stream for ``seed``."""
