@@ -2,12 +2,12 @@
 
 Schedulers (Slurm, Kubernetes, Ray) send SIGTERM and wait a grace period before SIGKILL; a user
 presses Ctrl-C. Either way a run should stop with a checkpoint on disk and one line saying how to
-continue. The online loop wraps its steps in :func:`graceful_stop`::
+continue. The online loop wraps its steps in :class:`GracefulStop`::
 
     with GracefulStop(config.checkpoint.save_on_signal, resumed_from) as stop:
         for step in ...:
             ...                                    # one step; maybe a periodic save
-            stop.after_step(step, saved_path, save=lambda: roles.policy.save(step, state))
+            stop.after_step(step, saved_path, functools.partial(roles.policy.save, step, state))
 
 With ``save_on_signal`` the first signal lets the current step finish, saves it (unless that step
 was just saved) and stops; a second signal abandons the step at once. Without it the first signal
@@ -42,6 +42,8 @@ class RunInterrupted(Exception):
 
     def describe(self) -> str:
         name = signal.Signals(self.signum).name
+        if self.step is None and self.checkpoint is None:
+            return f"stopped by {name}"
         where = "" if self.step is None else f" after step {self.step}"
         if self.checkpoint:
             resume = (
@@ -49,9 +51,7 @@ class RunInterrupted(Exception):
                 "from it (rl.resume=auto)"
             )
         else:
-            resume = (
-                "no checkpoint was written by this run; rerunning the same command starts it over"
-            )
+            resume = "no checkpoint was written yet; rerunning the same command starts over"
         return f"stopped by {name}{where}; {resume}"
 
 
