@@ -46,6 +46,7 @@ def test_guard_reports_a_signal_outside_the_loop_in_one_line(capsys):
         signal.raise_signal(signal.SIGTERM)
         return 0
 
+    before = signal.getsignal(signal.SIGTERM)
     assert run_guarded(fn) == 143
     assert capsys.readouterr().err == "posttrain: stopped by SIGTERM\n"
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
+    assert signal.getsignal(signal.SIGTERM) is before  # handlers restored

@@ -57,11 +57,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 
 def one_line(message: str, limit: int = MAX_MESSAGE) -> str:
-    """``message`` on one line, cut to ``limit`` characters with the cut length said."""
+    """``message`` on one line; past ``limit`` characters its middle is cut (the start names
+    what failed, the end says what to do), and the cut length is said."""
     flat = " ".join(message.split())
     if len(flat) <= limit:
         return flat
-    return f"{flat[:limit]}... [{len(flat) - limit} more characters]"
+    head, tail = limit * 2 // 3, limit // 3
+    return f"{flat[:head]} ... [{len(flat) - head - tail} characters cut] ... {flat[-tail:]}"
 
 
 def describe(error: BaseException) -> str:
