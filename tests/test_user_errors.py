@@ -14,9 +14,9 @@ from posttrain.config import ConfigError, load_config
 from posttrain.config.sections import DataConfig
 from posttrain.entrypoints import run_lock
 from posttrain.entrypoints.cli import main
-from posttrain.entrypoints.grpo import build_tasks
 from posttrain.entrypoints.guard import one_line
 from posttrain.entrypoints.input_checks import check_inputs
+from posttrain.entrypoints.online import build_tasks
 from posttrain.model.tiny import build_tiny_model
 
 

@@ -44,6 +44,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input a user controls: reported in one line, never with a traceback."""
     from posttrain.data.tasks import TaskDataError
     from posttrain.entrypoints.run_lock import RunLockedError
+    from posttrain.metrics.plot import PlotError
     from posttrain.metrics.sinks import MetricsFileError
     from posttrain.model.errors import ModelLoadError
     from posttrain.placement.errors import RoleFailedError
@@ -52,7 +53,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
     return (
         RewardError, TaskDataError, TrainerError, RoleFailedError, ModelLoadError,
-        MetricsFileError, RunLockedError, OSError,
+        MetricsFileError, PlotError, RunLockedError, OSError,
     )  # fmt: skip
 
 

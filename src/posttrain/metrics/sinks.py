@@ -46,6 +46,11 @@ def _complete_lines(path: Path) -> list[str]:
     return lines
 
 
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The step records of a ``metrics.jsonl`` (a torn last line, as in a live run, is left out)."""
+    return [json.loads(line) for line in _complete_lines(Path(path))]
+
+
 class JsonlSink:
     """Append-only, one fsynced line per step. On resume, lines past the resumed step (and a torn
     last line) are dropped by writing the kept lines to a temp file that is renamed over the old
