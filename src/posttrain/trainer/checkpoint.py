@@ -15,8 +15,9 @@ leaves either the previous checkpoints untouched or a temp/incomplete directory.
 a checkpoint against its manifest before loading anything and walks back from the newest to the
 newest one that verifies, warning about each one it skips (and moving it aside as
 ``.corrupt-step_*``). Pruning removes a checkpoint's ``COMPLETE`` marker before its files.
-The manager assumes its caller owns the run directory (the run lock): resume tidies what an
-interrupted writer left behind. Only ``torch.load(weights_only=True)`` is ever used to read.
+The manager assumes its caller owns the run directory (the run lock): resume deletes the temp
+directories of an interrupted save, the next prune the marker-less remains of an interrupted one.
+Only ``torch.load(weights_only=True)`` is ever used to read.
 """
 
 from __future__ import annotations
