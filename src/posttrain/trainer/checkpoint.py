@@ -104,27 +104,6 @@ class CheckpointManager:
                 found.append((int(m.group(1)), p))
         return sorted(found)
 
-    def complete(self) -> list[tuple[int, Path]]:
-        """Complete checkpoints, oldest first; incomplete ones are skipped with a warning."""
-        out = []
-        for step, path in self._step_dirs():
-            if (path / COMPLETE).exists():
-                out.append((step, path))
-            else:
-                warnings.warn(
-                    f"ignoring incomplete checkpoint {path} (no {COMPLETE} marker)", stacklevel=2
-                )
-        for tmp in sorted(self.root.glob(".tmp-step_*")) if self.root.is_dir() else []:
-            warnings.warn(
-                f"ignoring half-written checkpoint {tmp} (left by an interrupted save)",
-                stacklevel=2,
-            )
-        return out
-
-    def latest(self) -> Path | None:
-        done = self.complete()
-        return done[-1][1] if done else None
-
     def has_any(self) -> bool:
         """Whether ``root`` already holds checkpoint files of some run (complete or not)."""
         return self.root.is_dir() and (
