@@ -47,6 +47,9 @@ class TeacherRole:
         self.top_k = cfg.teacher.top_k if cfg.rl.distillation_mode == "direct" else 0
         self.chunk = cfg.rl.micro_batch_size
 
+    def close(self) -> None:
+        """In-process, the teacher goes with the driver; a Ray teacher ends its actor here."""
+
     @torch.no_grad()
     def score(self, batch: TrajectoryBatch) -> dict[str, Tensor]:
         """The teacher's annotations of ``batch`` (see the module docstring), on the CPU."""
@@ -101,3 +104,13 @@ def check_teacher_tokenizer(config: PosttrainConfig) -> None:
 
 def _vocab_size(path: Path) -> int | None:
     return json.loads((path / "config.json").read_text()).get("vocab_size")
+
+
+def place_teacher(config: PosttrainConfig, config_path: str, opts: Sequence[str], run_dir: str):
+    """The teacher where ``placement.backend`` says: in-process, or its own Ray actor (placed
+    before the other roles, so that a local Ray instance has room for it)."""
+    if config.placement.backend == "ray":
+        from posttrain.placement.teacher_ray import place_ray_teacher
+
+        return place_ray_teacher(config, config_path, opts, run_dir)
+    return TeacherRole(config_path, opts)
