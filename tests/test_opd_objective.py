@@ -39,11 +39,15 @@ def _batch(seed=0):
     return synthetic_batch(VOCAB, 6, seed=seed, dtype=torch.float64)
 
 
-def test_advantage_mode_is_the_clipped_surrogate_with_teacher_minus_old_advantages():
+@pytest.mark.parametrize("pi_old", ["frozen", "on_policy"])
+def test_advantage_mode_is_the_clipped_surrogate_with_teacher_minus_old_advantages(pi_old):
     student, teacher = tiny_llama(0, VOCAB), tiny_llama(1, VOCAB)
     batch = _with_teacher(_batch(), teacher)
     obj = make_objective(_rl(), CONTEXT)
-    obj.old_logp_cache.capture(student, batch)
+    if pi_old == "frozen":
+        obj.old_logp_cache.capture(student, batch)
+    else:
+        obj.old_logp_cache.follow_policy(batch)
     loss, metrics = obj(student, batch)
     loss.backward()
     got = [p.grad.clone() for p in student.parameters()]
@@ -79,12 +83,12 @@ def test_advantage_mode_honours_epsilon_and_loss_type():
             p.add_(torch.randn_like(p) * 0.3)
     loss, metrics = obj(student, batch)
     m = batch.response_mask
-    old = obj.old_logp_cache.lookup(batch)
+    old = obj.old_logp_cache.old_logprobs(batch, torch.zeros(6, batch.response_width))
     ratio = (response_logprobs(student, batch) - old).exp()
     adv = torch.where(m, batch.teacher_logprobs - old, 0)
     per = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.05))
     want = torch.where(m, per, 0).sum() / m.any(-1).sum()
-    assert float(loss.detach()) == pytest.approx(float(want), rel=1e-10)
+    assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-10)
     assert float(metrics["clip_frac_high"]) > 0
 
 

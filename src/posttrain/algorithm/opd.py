@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posttrain.algorithm.grpo import GRPO_METRICS
+from posttrain.algorithm.grpo import GRPO_METRICS, GRPO_REDUCTIONS
 from posttrain.algorithm.primitives.divergence import DIVERGENCES, topk_divergence
 from posttrain.algorithm.primitives.objective import (
     OBJECTIVE_WEIGHT_SUM,
@@ -119,7 +119,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
             f"context.max_response_length (rollout.max_tokens) must be a positive int, got {max_len!r}"
         )
     temperature = float(rl.temperature)
-    adapter = MetricAdapter(OPD_METRICS)
+    adapter = MetricAdapter(OPD_METRICS, reductions=GRPO_REDUCTIONS)
     identity = identity_of(rl, getattr(context, "teacher_top_k", None))
     if mode == "advantage":
         return _advantage_objective(rl, loss_type, max_len, temperature, adapter, identity)
@@ -134,10 +134,10 @@ def _advantage_objective(rl, loss_type, max_len, temperature, adapter, identity)
     def advantage(model: nn.Module, batch: TrajectoryBatch):
         teacher = _teacher_logprobs(batch)
         m = batch.response_mask
-        old = cache.lookup(batch)
+        logp = response_logprobs(model, batch, temperature)
+        old = cache.old_logprobs(batch, logp)
         # The negative sampled reverse KL of the policy that drew the batch: a fixed signal.
         adv = torch.where(m, teacher.to(old.dtype) - old, 0).detach()
-        logp = response_logprobs(model, batch, temperature)
         per_token, metrics = clipped_policy_gradient_loss(
             logp, old, adv, m, epsilon_low=eps_low, epsilon_high=eps_high, lower_bound_ratio=lbr
         )
