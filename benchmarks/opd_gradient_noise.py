@@ -53,7 +53,7 @@ def main() -> None:
         opts.append(f"model.name_or_path={args.student}")
     cfg = load_config(RECIPE, ["--", *opts])
     model, tokenizer = load_policy(cfg.model.name_or_path, None, "float32")
-    teacher = TeacherRole(RECIPE, opts)
+    teacher = TeacherRole(cfg)
     adv_rl = cfg.rl.model_copy(update={"distillation_mode": "advantage"})
     context = objective_context(cfg)
     advantage, direct = make_objective(adv_rl, context), make_objective(cfg.rl, context)
@@ -68,7 +68,7 @@ def main() -> None:
         prompts = encode_prompts(items, d.prompt_template, tokenizer)
         rollout = engine.generate(prompts, n=cfg.rollout.n, temperature=1.0, top_p=1.0,
                                   max_tokens=cfg.rollout.max_tokens, seed=i)  # fmt: skip
-        batch = rollout.batch.replace(**teacher.score(rollout.batch))
+        batch = teacher.score(rollout).batch
         grads["advantage"].append(gradient(advantage, model, batch))
         grads["direct"].append(gradient(direct, model, batch))
     same = [cosine(a, b) for a, b in zip(grads["advantage"], grads["direct"], strict=True)]

@@ -35,11 +35,11 @@ def _opts(models, *extra):
 
 def test_teacher_scores_sampled_tokens_frozen_and_returns_top_k_in_direct_mode(models):
     opts = _opts(models, "rl.distillation_mode=direct", "teacher.top_k=5", "rl.micro_batch_size=4")
-    role = TeacherRole("arithmetic", opts)
+    role = TeacherRole(load_config("arithmetic", ["--", *opts]))
     assert not role.model.training
     assert not any(p.requires_grad for p in role.model.parameters())
     batch = synthetic_batch(22, 10, seed=0)
-    out = role.score(batch)
+    out = role.annotations(batch)
     assert set(out) == {"teacher_logprobs", "teacher_topk_ids", "teacher_topk_logprobs"}
     m = batch.response_mask
     want = torch.where(m, response_logprobs(role.model, batch), 0)
@@ -56,14 +56,15 @@ def test_teacher_scores_sampled_tokens_frozen_and_returns_top_k_in_direct_mode(m
 
 
 def test_advantage_mode_sends_back_only_per_token_logprobs(models):
-    role = TeacherRole("arithmetic", _opts(models))
-    out = role.score(synthetic_batch(22, 4, seed=1))
+    role = TeacherRole(load_config("arithmetic", ["--", *_opts(models)]))
+    out = role.annotations(synthetic_batch(22, 4, seed=1))
     assert set(out) == {"teacher_logprobs"}
 
 
 def test_top_k_above_the_vocabulary_keeps_every_id(models):
     opts = _opts(models, "rl.distillation_mode=direct", "teacher.top_k=1000")
-    out = TeacherRole("arithmetic", opts).score(synthetic_batch(22, 3, seed=2))
+    role = TeacherRole(load_config("arithmetic", ["--", *opts]))
+    out = role.annotations(synthetic_batch(22, 3, seed=2))
     assert out["teacher_topk_ids"].shape[-1] == 22
 
 

@@ -14,8 +14,8 @@ in-process (``placement.local``) or inside a Ray actor (``TeacherHost``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -25,10 +25,11 @@ from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.data.logprobs import response_logits
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.loading import load_policy, load_tokenizer
-from posttrain.placement.roles import resolve
+from posttrain.rollout import Rollout
 
-#: The annotations the teacher adds to a batch, in the order they travel.
-TEACHER_FIELDS = ("teacher_logprobs", "teacher_topk_ids", "teacher_topk_logprobs")
+
+def with_annotations(rollout: Rollout, annotations: dict[str, Tensor]) -> Rollout:
+    return dataclasses.replace(rollout, batch=rollout.batch.replace(**annotations))
 
 
 def annotation_bytes(annotations: dict[str, Tensor]) -> int:
@@ -39,8 +40,8 @@ def annotation_bytes(annotations: dict[str, Tensor]) -> int:
 class TeacherRole:
     """Loads ``teacher.name_or_path`` frozen in eval mode and scores sampled responses."""
 
-    def __init__(self, config_path: str, opts: Sequence[str], device: str | None = None) -> None:
-        self.config = cfg = resolve(config_path, opts)
+    def __init__(self, config: PosttrainConfig, device: str | None = None) -> None:
+        self.config = cfg = config
         self.model, _ = load_policy(cfg.teacher.name_or_path, None, cfg.teacher.dtype, device)
         self.model.eval().requires_grad_(False)
         self.temperature = float(cfg.rl.temperature)
@@ -50,8 +51,12 @@ class TeacherRole:
     def close(self) -> None:
         """In-process, the teacher goes with the driver; a Ray teacher ends its actor here."""
 
+    def score(self, rollout: Rollout) -> Rollout:
+        """``rollout`` with the teacher's annotations on its batch (the loop's teacher phase)."""
+        return with_annotations(rollout, self.annotations(rollout.batch))
+
     @torch.no_grad()
-    def score(self, batch: TrajectoryBatch) -> dict[str, Tensor]:
+    def annotations(self, batch: TrajectoryBatch) -> dict[str, Tensor]:
         """The teacher's annotations of ``batch`` (see the module docstring), on the CPU."""
         device = next(self.model.parameters()).device
         parts: dict[str, list[Tensor]] = {}
@@ -104,13 +109,3 @@ def check_teacher_tokenizer(config: PosttrainConfig) -> None:
 
 def _vocab_size(path: Path) -> int | None:
     return json.loads((path / "config.json").read_text()).get("vocab_size")
-
-
-def place_teacher(config: PosttrainConfig, config_path: str, opts: Sequence[str], run_dir: str):
-    """The teacher where ``placement.backend`` says: in-process, or its own Ray actor (placed
-    before the other roles, so that a local Ray instance has room for it)."""
-    if config.placement.backend == "ray":
-        from posttrain.placement.teacher_ray import place_ray_teacher
-
-        return place_ray_teacher(config, config_path, opts, run_dir)
-    return TeacherRole(config_path, opts)
