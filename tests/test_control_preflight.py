@@ -218,11 +218,13 @@ def test_objective_family(algorithm, family):
 
 @pytest.mark.parametrize(
     ("entry", "algorithm", "fragment"),
-    [("grpo", "opd", "run `posttrain opd"), ("opd", "grpo", "train it with `posttrain grpo`"),
-     ("opd", "gspo", "job.algorithm=gspo is a GRPO-family")],
+    [("grpo", "opd", "run `posttrain opd"), ("grpo", "opd_x", "run `posttrain opd"),
+     ("opd", "grpo", "train it with `posttrain grpo`"),
+     ("opd", "gspo", "job.algorithm=gspo is a GRPO-family"),
+     ("opd", "opd_direct", "records its runs as job.algorithm=opd")],
 )  # fmt: skip
 def test_each_entry_refuses_the_other_family_in_one_line(entry, algorithm, fragment):
     with pytest.raises(PreflightError, match=fragment) as info:
         check_entry(_cfg([f"job.algorithm={algorithm}"]), entry)
     assert "\n" not in str(info.value)
-    check_entry(_cfg([f"job.algorithm={'opd_direct' if entry == 'opd' else 'dr_grpo'}"]), entry)
+    check_entry(_cfg([f"job.algorithm={'opd' if entry == 'opd' else 'dr_grpo'}"]), entry)

@@ -20,21 +20,25 @@ def check_entry(cfg: PosttrainConfig, entry: Entry) -> None:
     """Refuse a config whose ``job.algorithm`` belongs to another entry (one line, names it).
 
     ``posttrain grpo`` with ``job.algorithm=opd`` would train GRPO while the run directory and
-    config claim OPD; the OPD entry likewise never runs a GRPO-family label.
+    config claim OPD; the OPD entry likewise never runs a GRPO-family label. The OPD entry pins
+    ``job.algorithm=opd``, so it also refuses another OPD label rather than rewrite it.
     """
-    family = objective_family(cfg)
-    if family == entry:
-        return
-    label = cfg.job.algorithm
-    if entry == "grpo":
+    family, label = objective_family(cfg), cfg.job.algorithm
+    if entry == "grpo" and family == "opd":
         raise PreflightError([
             f"job.algorithm={label} is on-policy distillation, which `posttrain grpo` does not "
             "train; run `posttrain opd --config ...` (python -m posttrain.entrypoints.opd)"
         ])  # fmt: skip
-    raise PreflightError([
-        f"job.algorithm={label} is a GRPO-family algorithm; train it with `posttrain grpo`, or "
-        "set job.algorithm=opd for distillation"
-    ])  # fmt: skip
+    if entry == "opd" and family == "grpo":
+        raise PreflightError([
+            f"job.algorithm={label} is a GRPO-family algorithm; train it with `posttrain grpo`, "
+            "or set job.algorithm=opd for distillation"
+        ])  # fmt: skip
+    if entry == "opd" and label != "opd":
+        raise PreflightError([
+            f"job.algorithm={label}: the OPD entry records its runs as job.algorithm=opd; set "
+            "that and tell runs apart by job.name"
+        ])  # fmt: skip
 
 
 def _direct(cfg: PosttrainConfig) -> bool:
