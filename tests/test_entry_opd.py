@@ -155,3 +155,13 @@ def test_kill_9_mid_run_then_resume_is_bit_exact(tmp_path, models):
     assert _comparable(rows_of(a_dir)) == _comparable(rows_of(b_dir))
     pa, pb = _final_params(a_dir, steps), _final_params(b_dir, steps)
     assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_objective_flag_names_the_builder_by_import_path(tmp_path, models, capsys):
+    opts = opd_opts(tmp_path, models, **{"rl.max_steps": 1, "rl.eval_every": 0})
+    code, err = _cli(capsys, "opd", "--config", RECIPE, "--objective",
+                     "posttrain.algorithm.opd:make_objective", "--", *opts)  # fmt: skip
+    assert code == 0, err
+    code, err = _cli(capsys, "opd", "--config", RECIPE, "--objective", "posttrain.nowhere:f",
+                     "--", *opts)  # fmt: skip
+    assert code == EXIT_CONFIG_ERROR and "posttrain.nowhere" in err and "\n" not in err
