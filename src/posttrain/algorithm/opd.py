@@ -22,7 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from posttrain.algorithm.grpo import GRPO_METRICS, GRPO_REDUCTIONS
-from posttrain.algorithm.primitives.divergence import DIVERGENCES, topk_divergence
+from posttrain.algorithm.primitives.choices import DIVERGENCES
+from posttrain.algorithm.primitives.divergence import topk_divergence
 from posttrain.algorithm.primitives.objective import (
     OBJECTIVE_WEIGHT_SUM,
     MetricAdapter,

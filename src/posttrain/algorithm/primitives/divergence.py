@@ -13,21 +13,16 @@ teacher's top-k log-probs. See that function for the remainder bucket.
 from __future__ import annotations
 
 import math
-import typing
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from posttrain.algorithm.primitives._checks import as_bool_mask, check_finite, check_shape
-
-KLEstimator = Literal["k1", "k2", "k3"]
-DivergenceKind = Literal["reverse_kl", "forward_kl", "jsd"]
-DIVERGENCES: tuple[str, ...] = typing.get_args(DivergenceKind)
+from posttrain.algorithm.primitives.choices import DIVERGENCES, KLEstimator
 
 
 def kl_penalty(
-    logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k3"
+    logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: KLEstimator = "k3"
 ) -> Tensor:
     """``[B, T]`` per-token KL estimate, exactly zero where ``mask`` is zero."""
     check_finite("logprobs", logprobs)
