@@ -50,7 +50,7 @@ demo-opd: install
 	rm -rf $(OPD_RUN)
 	$(BIN)/posttrain opd --config opd_arithmetic
 	$(BIN)/python examples/opd_vs_grpo.py $(OPD_RUN) $(DEMO_RUN)
-	$(BIN)/posttrain plot $(OPD_RUN)
+	$(BIN)/posttrain plot $(OPD_RUN) $(DEMO_RUN) --metrics val/accuracy,train/reward_accuracy --out $(OPD_RUN)/vs_grpo.png
 
 # Every GRPO-family surrogate variant on one seeded batch, as a table (no training).
 loss-table: install
