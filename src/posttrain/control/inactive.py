@@ -180,6 +180,19 @@ def sampling_rounds_need_dynamic_sampling(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@error("job.algorithm", "reward.overlong_buffer", "reward.overlong_penalty")
+def opd_ignores_overlong_punishment(cfg: PosttrainConfig) -> str | None:
+    """The overlong punishment shapes the task reward, which the OPD losses never read (the
+    teacher is their signal)."""
+    if objective_family(cfg) != "opd":
+        return None
+    knobs = changed(cfg.reward, "overlong_buffer", "overlong_penalty")
+    if not knobs:
+        return None
+    hint = reset_hint(cfg.reward, "overlong_buffer", "overlong_penalty")
+    return f"{are(knobs)} never read by job.algorithm={cfg.job.algorithm} (OPD); {hint}"
+
+
 RULES = (
     legacy_pg_clip_knobs,
     kl_beta_without_kl_term,
@@ -194,4 +207,5 @@ RULES = (
     entropy_coef_needs_clipped,
     overlong_penalty_needs_buffer,
     sampling_rounds_need_dynamic_sampling,
+    opd_ignores_overlong_punishment,
 )

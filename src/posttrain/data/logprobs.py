@@ -96,9 +96,12 @@ def token_logprobs_and_entropy(
     return logp, ent
 
 
-def _response_logits(model: nn.Module, batch: TrajectoryBatch) -> Tensor:
-    # The last R + 1 logit rows only (logits_to_keep): the row before the first response token
-    # through the last response token.
+def response_logits(model: nn.Module, batch: TrajectoryBatch) -> Tensor:
+    """``[B, R, V]`` logits that predict each response token (row ``t`` predicts token ``t``).
+
+    Asks the model for the last ``R + 1`` logit rows only (``logits_to_keep``): the row before
+    the first response token through the last response token.
+    """
     r = batch.response_width
     out = model(
         input_ids=batch.input_ids,
@@ -112,7 +115,7 @@ def _response_logits(model: nn.Module, batch: TrajectoryBatch) -> Tensor:
 
 def response_logprobs(model: nn.Module, batch: TrajectoryBatch, temperature: float = 1.0) -> Tensor:
     """``[B, R]`` logprobs of each response token given everything before it."""
-    return token_logprobs(_response_logits(model, batch), batch.response_ids, temperature)
+    return token_logprobs(response_logits(model, batch), batch.response_ids, temperature)
 
 
 def response_logprobs_and_entropy(
@@ -120,5 +123,5 @@ def response_logprobs_and_entropy(
 ) -> tuple[Tensor, Tensor]:
     """``[B, R]`` logprobs and policy entropies at each response position, from one forward."""
     return token_logprobs_and_entropy(
-        _response_logits(model, batch), batch.response_ids, temperature, entropy
+        response_logits(model, batch), batch.response_ids, temperature, entropy
     )

@@ -21,3 +21,6 @@ ESTIMATORS: tuple[str, ...] = typing.get_args(AdvantageEstimator)
 #: The std an advantage is divided by.
 RewardScaling = Literal["group", "batch", "none"]
 SCALINGS: tuple[str, ...] = typing.get_args(RewardScaling)
+#: Divergences between student and teacher next-token distributions (``divergence.topk_divergence``).
+DivergenceKind = Literal["reverse_kl", "forward_kl", "jsd"]
+DIVERGENCES: tuple[str, ...] = typing.get_args(DivergenceKind)
