@@ -113,3 +113,19 @@ def test_concat_repads_without_changing_logprobs():
         torch.testing.assert_close(
             joined.batch.rollout_logprobs[rows, :r], part.batch.rollout_logprobs
         )
+
+
+def test_concat_repads_top_k_annotations():
+    def with_topk(ro: Rollout) -> Rollout:
+        b, r = ro.batch.batch_size, ro.batch.response_width
+        ids = torch.arange(b * r * 2).reshape(b, r, 2) % 16
+        batch = ro.batch.replace(teacher_topk_ids=ids, teacher_topk_logprobs=-ids.double())
+        return Rollout(batch, ro.truncated, ro.texts, ro.n)
+
+    a = with_topk(_generate(_take(0, 1)[0], 0))
+    b = with_topk(_generate(_take(1, 1)[0], 1))
+    joined = concat_rollouts([a, b]).batch
+    assert joined.teacher_topk_ids.shape == (4, 4, 2)
+    assert torch.equal(joined.teacher_topk_ids[:2, :3], a.batch.teacher_topk_ids)
+    assert torch.equal(joined.teacher_topk_ids[2:], b.batch.teacher_topk_ids)
+    assert not joined.teacher_topk_ids[:2, 3:].any()

@@ -33,17 +33,27 @@ def _pad(t: Tensor, left: int, right: int, value) -> Tensor:
     return F.pad(t, (left, right), value=value) if left or right else t
 
 
+def _pad_tokens(t: Tensor, right: int) -> Tensor:
+    """Pad dim 1 (the response position) of a ``[B, R, ...]`` annotation on the right with 0."""
+    return F.pad(t, [0, 0] * (t.dim() - 2) + [0, right]) if right else t
+
+
+#: Fields laid out by position in the prompt+response sequence, re-padded explicitly below.
+_SEQUENCE = ("input_ids", "attention_mask", "response_mask")
+
+
 def _repad(b: TrajectoryBatch, p: int, r: int) -> TrajectoryBatch:
     lp, rr = p - b.prompt_width, r - b.response_width
     prompt, resp = b.input_ids[:, : b.prompt_width], b.response_ids
     attn_p, attn_r = b.attention_mask[:, : b.prompt_width], b.attention_mask[:, b.prompt_width :]
+    # Every other [B, R, ...] annotation (logprobs, per-token advantages, teacher top-k).
     per_token = {
-        f.name: _pad(getattr(b, f.name), 0, rr, 0.0)
+        f.name: _pad_tokens(value, rr)
         for f in dataclasses.fields(b)
-        if f.name in ("rollout_logprobs", "teacher_logprobs") and getattr(b, f.name) is not None
+        if f.name not in _SEQUENCE
+        and (value := getattr(b, f.name)) is not None
+        and value.dim() >= 2
     }
-    if b.advantages is not None and b.advantages.dim() == 2:
-        per_token["advantages"] = _pad(b.advantages, 0, rr, 0.0)
     return b.replace(
         input_ids=torch.cat([_pad(prompt, lp, 0, 0), _pad(resp, 0, rr, 0)], 1),
         attention_mask=torch.cat([_pad(attn_p, lp, 0, 0), _pad(attn_r, 0, rr, 0)], 1),
