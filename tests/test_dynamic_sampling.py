@@ -71,6 +71,11 @@ def test_rounds_until_enough_informative_groups():
     assert out.rollout.texts == ("1/0", "1/1", "2/0", "2/1", "4/0", "4/1", "5/0", "5/1")
     assert out.rollout.batch.group_ids.tolist() == [1, 1, 2, 2, 4, 4, 5, 5]
     assert out.scores.rewards.tolist() == [1.0, 0.0] * 4
+    # Both rounds' responses count as generated, the dropped groups included.
+    want = sum(
+        int(_generate(_take(c, 4)[0], r).response_lengths.sum()) for c, r in ((0, 0), (4, 1))
+    )
+    assert out.generated_tokens == want
 
 
 def test_shortfall_after_the_last_round_and_resume_from_the_cursor():

@@ -35,13 +35,15 @@ Score = Callable[[Rollout, Sequence[TaskItem]], RowScores]
 @dataclass(frozen=True)
 class Sampled:
     """What a step trains on: the rollout, one task item per group, the rows' scores, the data
-    cursor after every round, and ``sampling/*`` metrics."""
+    cursor after every round, ``sampling/*`` metrics, and the response tokens generated over
+    all rounds (kept or not: the sampling cost)."""
 
     rollout: Rollout
     items: list[TaskItem]
     scores: RowScores
     cursor: int
     metrics: dict[str, float]
+    generated_tokens: int
 
 
 def informative(rewards: torch.Tensor, n: int) -> torch.Tensor:
@@ -63,13 +65,14 @@ def sample_step(
     """Sample one step's groups from ``cursor`` (one round unless ``dynamic``)."""
     rounds = max_rounds if dynamic else 1
     parts: list[tuple[Rollout, list[TaskItem], RowScores]] = []
-    kept = 0
+    kept = generated = 0
     for rnd in range(rounds):
         items, cursor = take(cursor, prompts)
         rollout = generate(items, rnd)
+        generated += int(rollout.response_lengths.sum())
         scores = score(rollout, items)
         if not dynamic:
-            return Sampled(rollout, items, scores, cursor, {})
+            return Sampled(rollout, items, scores, cursor, {}, generated)
         good = informative(scores.rewards, rollout.n)
         take_idx = good.nonzero().squeeze(-1)[: prompts - kept]
         keep = torch.zeros_like(good)
@@ -89,11 +92,12 @@ def sample_step(
         "sampling/kept_groups": float(kept),
     }
     if not parts:  # nothing informative: train on the last round as it came
-        return Sampled(rollout, items, scores, cursor, metrics)
+        return Sampled(rollout, items, scores, cursor, metrics, generated)
     return Sampled(
         concat_rollouts([p[0] for p in parts]),
         [it for p in parts for it in p[1]],
         RowScores.concat([p[2] for p in parts]),
         cursor,
         metrics,
+        generated,
     )

@@ -231,7 +231,7 @@ def loop(config: PosttrainConfig, roles, tasks: TaskSource, run_dir: Path) -> di
             record.update({
                 "time/train_s": t2 - t1, "time/sync_s": t3 - t2, "time/step_s": t3 - t0,
                 "perf/rollout_tokens_per_s":
-                    int(rollout.batch.response_mask.sum()) / max(times["time/rollout_s"], 1e-9),
+                    sampled.generated_tokens / max(times["time/rollout_s"], 1e-9),
                 "perf/train_tokens_per_s": train_metrics["train/tokens"] / max(t2 - t1, 1e-9),
             })  # fmt: skip
             if val_items and (step % rl.eval_every == 0 or step == rl.max_steps):
