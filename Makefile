@@ -7,7 +7,7 @@ WHEELS := $(wildcard /opt/wheels)
 PIP := $(BIN)/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
 EXTRAS ?= dev,math,reasoning,tracking,ray
 
-.PHONY: test demo loss-table lint format install docs
+.PHONY: test demo loss-table lint format install docs bench-trl
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -43,3 +43,18 @@ demo: install
 # Every GRPO-family surrogate variant on one seeded batch, as a table (no training).
 loss-table: install
 	$(BIN)/python examples/loss_table.py
+
+# posttrain vs TRL's GRPOTrainer, side by side (benchmarks/vs_trl.py). TRL lives only in its own
+# venv, never in the package's dependencies; torch stays the pinned CPU wheel there too.
+BENCH_VENV := .venv-bench
+TRL_VERSION ?= 1.16.*
+BENCH_ARGS ?=
+
+$(BENCH_VENV)/bin/.installed: pyproject.toml constraints.txt
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),) "torch==2.13.0"
+	$(BENCH_VENV)/bin/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),) -e . "trl==$(TRL_VERSION)"
+	touch $@
+
+bench-trl: $(BENCH_VENV)/bin/.installed
+	$(BENCH_VENV)/bin/python benchmarks/vs_trl.py $(BENCH_ARGS)
