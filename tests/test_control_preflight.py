@@ -85,6 +85,8 @@ CASES: list[tuple[str, list[str], str, list[str]]] = [
      ["placement.policy_ranks=2", "placement.backend=ray"]),
     ("ray_knobs_need_ray", ["placement.ray_address=head:6379"], "placement.ray_address=head:6379",
      ["placement.ray_address=head:6379", "placement.backend=ray"]),
+    ("device_needs_local", ["placement.backend=ray", "placement.device=cpu"],
+     "placement.device=cpu is never read by placement.backend=ray", ["placement.device=cpu"]),
     ("jsonl_reads_whole_files", [*JSONL, "data.train_size=10"],
      "data.train_size=10 is never read by data.task=jsonl", JSONL),
     ("warmup_fits_the_run", ["rl.lr_schedule=cosine", "rl.warmup_steps=300", "rl.max_steps=200"],

@@ -86,6 +86,11 @@ class ModelConfig(Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass to save memory."
     )
+    compile: bool = Field(
+        False,
+        description="torch.compile the micro-batch forward and log-prob (the first step of each "
+        "new shape pays the compilation). Worth it on a GPU; on the CPU it rarely pays off.",
+    )
     init_preset: Literal["tiny", "small", "arith"] | None = Field(
         None,
         description="When set and `model.name_or_path` does not exist yet, the entry builds a "
@@ -179,6 +184,14 @@ class RolloutConfig(Section):
         "fractional, zero and negative values are rejected).",
     )
     engine: Literal["torch"] = Field("torch", description="Sampling engine.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Weights the engine samples with. `float32` on the policy's device samples "
+        "with the policy module itself (no copy); any other dtype gives the engine its own copy, "
+        "refreshed from the float32 master weights after every update. `auto`: bfloat16 on CUDA, "
+        "float32 on the CPU. The loss scores π_old with the trainer's own forward either way; "
+        "the gap is published as `train/rollout/logprob_abs_diff`.",
+    )
 
     _check_temperature = field_validator("temperature", "top_p")(_finite)
 

@@ -1,14 +1,21 @@
 """In-process placement (the default): every role lives in the driver process.
 
-The rollout role samples with the policy's own module, so weight sync copies nothing.
+The rollout role samples with the policy's own module, so weight sync copies nothing, unless
+``rollout.dtype`` asks for a low-precision copy (the default on CUDA). ``placement.device`` puts
+the policy, the reference and the rollout on one device; ``placement.torch_threads_per_process``
+sets this process's torch threads.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from posttrain.config import ConfigError
+from posttrain.placement.device import resolve_device, rollout_dtype
 from posttrain.placement.roles import (
     ObjectiveBuilder,
     PolicyRole,
@@ -16,6 +23,8 @@ from posttrain.placement.roles import (
     RolloutRole,
     resolve,
 )
+
+log = logging.getLogger("posttrain")
 
 
 @dataclass
@@ -25,7 +34,8 @@ class LocalRoles:
     reward: RewardRole
 
     def sync_weights(self) -> int:
-        """After an update: the engine holds the policy module itself, nothing travels."""
+        """After an update: an engine sharing the policy module copies nothing; an own
+        low-precision copy is refreshed from the float32 master weights."""
         return self.rollout.sync(self.policy.model)
 
     def close(self) -> None:
@@ -35,12 +45,25 @@ class LocalRoles:
 def place_local(
     config_path: str, opts: Sequence[str], build_objective_fn: ObjectiveBuilder, run_dir: str
 ) -> LocalRoles:
-    ranks = resolve(config_path, opts).placement.policy_ranks
+    cfg = resolve(config_path, opts)
+    ranks = cfg.placement.policy_ranks
     if ranks != 1:
         raise ConfigError(
             f"placement.policy_ranks={ranks} needs placement.backend=ray (in-process placement "
             "runs one policy rank)"
         )
-    policy = PolicyRole(config_path, opts, build_objective_fn, run_dir)
-    rollout = RolloutRole(config_path, opts, model=policy.model)
+    torch.set_num_threads(cfg.placement.torch_threads_per_process)
+    device = resolve_device(cfg.placement.device)
+    policy = PolicyRole(config_path, opts, build_objective_fn, run_dir, device=str(device))
+    dtype = rollout_dtype(cfg.rollout.dtype, device)
+    # float32 samples with the policy module itself; another dtype needs the engine's own copy.
+    shared = policy.model if dtype == "float32" else None
+    rollout = RolloutRole(config_path, opts, model=shared, device=str(device))
+    ref = "" if cfg.rl.kl_beta == 0 else f", reference on {device} ({cfg.model.dtype})"
+    log.info(
+        "placement: policy on %s (float32 master, %s compute)%s, rollout on %s (%s%s); "
+        "%d torch thread(s)", device, cfg.model.dtype, ref, device, dtype,
+        ", shares the policy module" if shared is not None else ", own copy",
+        cfg.placement.torch_threads_per_process,
+    )  # fmt: skip
     return LocalRoles(policy, rollout, RewardRole(config_path, opts))

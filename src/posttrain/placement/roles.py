@@ -21,6 +21,7 @@ from posttrain.config.build import objective_context
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.loading import load_policy
+from posttrain.placement.device import rollout_dtype
 from posttrain.reward import RewardStage
 from posttrain.rollout import Rollout, TorchRolloutEngine
 from posttrain.trainer import CheckpointManager, LLMTrainer, ResumeState
@@ -125,8 +126,8 @@ class RolloutRole:
     """Samples responses. Given ``model``, it samples with that very module (in-process sharing:
     weight sync then copies nothing); otherwise it loads its own copy from the config.
 
-    An own copy is float32, like the policy's master weights that the in-process engine samples
-    with, so both placements draw the same tokens for the same seed.
+    An own copy has ``rollout.dtype`` (float32 on the CPU by default, like the policy's master
+    weights, so both placements draw the same tokens for the same seed; bfloat16 on CUDA).
     """
 
     def __init__(
@@ -138,8 +139,9 @@ class RolloutRole:
     ) -> None:
         self.config = cfg = resolve(config_path, opts)
         if model is None:
+            dtype = rollout_dtype(cfg.rollout.dtype, device)
             model, tokenizer = load_policy(
-                cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", device
+                cfg.model.name_or_path, cfg.model.tokenizer_path, dtype, device
             )
         else:
             tokenizer = _load_tokenizer(cfg)
