@@ -91,14 +91,16 @@ class PosttrainSide:
 
     RECIPE = "arithmetic_clipped"
 
-    def __init__(self, w: Workload, model_dir: Path, out_root: Path, steps: int) -> None:
+    def __init__(
+        self, w: Workload, model_dir: Path, out_root: Path, steps: int, extra: tuple[str, ...] = ()
+    ) -> None:
         from posttrain.config import load_config
         from posttrain.config.build import build_objective
         from posttrain.entrypoints import grpo
         from posttrain.model.loading import load_tokenizer
         from posttrain.placement.local import place_local
 
-        opts = posttrain_opts(w, model_dir, out_root, steps)
+        opts = [*posttrain_opts(w, model_dir, out_root, steps), *extra]
         self.config = load_config(self.RECIPE, ["--", *opts])
         run_dir = out_root / "posttrain"
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ def rl(**kw):
         temperature=1.0,
         loss_type="token-mean",
         kl_beta=0.0,
+        rollout_is_cap=0.0,
     )
     base.update(kw)
     return SimpleNamespace(**base)

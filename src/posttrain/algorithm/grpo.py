@@ -32,6 +32,10 @@ from posttrain.algorithm.primitives.policy_gradient import (
     masked_mean,
     reduce_policy_gradient_loss,
 )
+from posttrain.algorithm.primitives.rollout_correction import (
+    logprob_abs_diff,
+    truncated_is_weights,
+)
 from posttrain.data.logprobs import response_logprobs
 from posttrain.data.trajectory import TrajectoryBatch
 
@@ -49,6 +53,8 @@ GRPO_METRICS = {
     "seq_log_ratio_abs_mean": "pg/seq_log_ratio_abs_mean",
     "kl_ref": "pg/kl_ref",
     "entropy_proxy": "pg/neg_logprob_mean",
+    "rollout_logprob_abs_diff": "rollout/logprob_abs_diff",
+    "rollout_is_weight_mean": "rollout/is_weight_mean",
 }
 
 
@@ -83,6 +89,8 @@ def identity_of(rl: Any) -> dict[str, Any]:
     }
     if rl.importance_sampling_level == "sequence":
         ident["importance_sampling_level"] = "sequence"
+    if rl.rollout_is_cap > 0:
+        ident["rollout_is_cap"] = float(rl.rollout_is_cap)
     return ident
 
 
@@ -102,7 +110,9 @@ def make_objective(rl: Any, context: Any) -> Objective:
     """Build the configured GRPO-family objective.
 
     ``rl`` needs ``grpo_surrogate``, ``importance_sampling_level``, ``epsilon_low``,
-    ``epsilon_high``, ``lower_bound_ratio``, ``temperature``, ``loss_type`` and ``kl_beta``.
+    ``epsilon_high``, ``lower_bound_ratio``, ``temperature``, ``loss_type``, ``kl_beta`` and
+    ``rollout_is_cap`` (0: off; else the policy-gradient term of each token is weighted by
+    ``min(π_old / π_rollout, cap)``; the KL term is not).
     ``context`` carries ``max_response_length`` (the rollout bound, for
     ``seq-mean-token-sum-fixed``) and, when ``kl_beta > 0``, ``reference_model``: the frozen
     network the entry also hands to the trainer as an auxiliary model.
@@ -142,6 +152,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
     cache = OldLogpCache(temperature)
     # Snapshot the knobs: the objective must not change if the config object is mutated later.
     level, loss_type = rl.importance_sampling_level, rl.loss_type
+    is_cap = float(rl.rollout_is_cap)
     eps_low, eps_high, lbr = (
         float(rl.epsilon_low),
         float(rl.epsilon_high),
@@ -163,6 +174,16 @@ def make_objective(rl: Any, context: Any) -> Objective:
             lower_bound_ratio=lbr,
             importance_sampling_level=level,
         )
+        if batch.rollout_logprobs is not None:
+            metrics["rollout_logprob_abs_diff"] = logprob_abs_diff(old, batch.rollout_logprobs, m)
+            if is_cap > 0:
+                w = truncated_is_weights(old, batch.rollout_logprobs, m, is_cap)
+                per_token = per_token * w
+                metrics["rollout_is_weight_mean"] = masked_mean(w, m)
+        elif is_cap > 0:
+            raise ObjectiveContractError(
+                "rl.rollout_is_cap > 0 needs batch.rollout_logprobs (the sampler's logprobs)"
+            )
         if scorer is not None:
             ref_logp = batch.ref_logprobs if batch.ref_logprobs is not None else scorer(batch)
             kl = kl_penalty(logp, ref_logp, m, "k3")

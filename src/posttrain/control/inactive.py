@@ -77,6 +77,18 @@ def sequence_level_per_token_advantages(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@error("rl.grpo_surrogate", "rl.rollout_is_cap")
+def rollout_is_cap_needs_clipped(cfg: PosttrainConfig) -> str | None:
+    """The truncated importance-sampling correction reweights the clipped surrogate's terms;
+    legacy_pg never reads it."""
+    if cfg.rl.grpo_surrogate == "clipped" or cfg.rl.rollout_is_cap == 0.0:
+        return None
+    return (
+        f"rl.rollout_is_cap={cfg.rl.rollout_is_cap} is never read by rl.grpo_surrogate="
+        f"{cfg.rl.grpo_surrogate}; set rl.rollout_is_cap=0 or rl.grpo_surrogate=clipped"
+    )
+
+
 @error("rl.unbiased_advantage", "rl.advantage_eps")
 def advantage_eps_unread(cfg: PosttrainConfig) -> str | None:
     """With unbiased_advantage the advantage is not divided by the group std, so advantage_eps
@@ -103,6 +115,7 @@ def distillation_mode_without_opd(cfg: PosttrainConfig) -> str | None:
 RULES = (
     legacy_pg_clip_knobs,
     kl_beta_without_kl_term,
+    rollout_is_cap_needs_clipped,
     legacy_pg_sequence_level,
     sequence_level_dual_clip,
     sequence_level_per_token_advantages,
