@@ -16,6 +16,7 @@ from posttrain.algorithm.primitives.rollout_correction import (
     truncated_is_weights,
 )
 from posttrain.config import RLConfig
+from posttrain.data.logprobs import response_logprobs
 
 
 def test_weights_hand_computed():
@@ -68,10 +69,10 @@ def test_objective_weights_each_token_of_the_surrogate():
     )
     plain, capped = _objective(0.0), _objective(1.3)
     for obj in (plain, capped):
-        obj.old_logp_cache.capture(model, batch)
+        obj.old_logp_cache.follow_policy(batch)  # one update: π_old is the current forward
     loss0, m0 = plain(model, batch)
     loss1, m1 = capped(model, batch)
-    old = plain.old_logp_cache.lookup(batch)
+    old = response_logprobs(model, batch).detach()
     m = batch.response_mask
     w = torch.where(m, torch.exp(old - batch.rollout_logprobs).clamp(max=1.3), 0.0)
     adv = batch.advantages[:, None].expand_as(old)
