@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from posttrain.data.trajectory import TrajectoryBatch
 
@@ -29,19 +31,65 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) ->
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def response_logprobs(model: nn.Module, batch: TrajectoryBatch, temperature: float = 1.0) -> Tensor:
+#: Above this many logit elements (rows x response tokens x vocabulary) per forward, log-probs
+#: are computed in row chunks whose logits are recomputed in the backward instead of stored.
+LOGIT_CHUNK_ELEMENTS = 1 << 26
+
+#: Config attributes that make an HF head more than ``lm_head(hidden)`` (soft-capping, scaling).
+_HEAD_MODIFIERS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def response_logprobs(
+    model: nn.Module,
+    batch: TrajectoryBatch,
+    temperature: float = 1.0,
+    chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
+) -> Tensor:
     """``[B, R]`` logprobs of each response token given everything before it.
 
     Asks the model for the last ``R + 1`` logit rows only (``logits_to_keep``): the row before
-    the first response token through the last response token.
+    the first response token through the last response token. When those logits would exceed
+    ``chunk_elements`` and the model's head is a plain linear layer, the decoder runs once and
+    the head + log-softmax run per chunk of rows under activation checkpointing: the full-vocab
+    logits (and their float32 copy) never exist for the whole batch at once.
     """
     r = batch.response_width
-    out = model(
+    kwargs = dict(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=position_ids_from_mask(batch.attention_mask),
         use_cache=False,
-        logits_to_keep=r + 1,
     )
-    logits = out.logits[:, -(r + 1) : -1, :]
-    return token_logprobs(logits, batch.response_ids, temperature)
+    head = _plain_head(model)
+    rows = max(1, chunk_elements // max(1, r * int(getattr(model.config, "vocab_size", 1))))
+    if head is None or rows >= batch.batch_size:
+        logits = model(**kwargs, logits_to_keep=r + 1).logits[:, -(r + 1) : -1, :]
+        return token_logprobs(logits, batch.response_ids, temperature)
+    hidden = model.get_decoder()(**kwargs).last_hidden_state[:, -(r + 1) : -1, :]
+    targets = batch.response_ids
+    out = []
+    for s in range(0, batch.batch_size, rows):
+        args = (hidden[s : s + rows], head.weight, head.bias, targets[s : s + rows], temperature)
+        if torch.is_grad_enabled():
+            out.append(checkpoint(_head_logprobs, *args, use_reentrant=False))
+        else:
+            out.append(_head_logprobs(*args))
+    return torch.cat(out)
+
+
+def _head_logprobs(hidden, weight, bias, targets, temperature) -> Tensor:
+    return token_logprobs(F.linear(hidden, weight, bias), targets, temperature)
+
+
+def _plain_head(model: nn.Module) -> nn.Linear | None:
+    """The output layer when logits are exactly ``head(decoder(x).last_hidden_state)``."""
+    get_head, get_decoder = (
+        getattr(model, n, None) for n in ("get_output_embeddings", "get_decoder")
+    )
+    if get_head is None or get_decoder is None or hasattr(model, "_orig_mod"):
+        return None  # a torch.compile wrapper owns the whole forward; don't bypass it
+    config = getattr(model, "config", None)
+    if any(getattr(config, a, None) not in (None, 1, 1.0) for a in _HEAD_MODIFIERS):
+        return None
+    head = get_head()
+    return head if type(head) is nn.Linear else None

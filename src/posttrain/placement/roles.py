@@ -68,6 +68,7 @@ class PolicyRole:
             total_steps=rl.max_steps * rl.mini_batch_per_replica,
             precision=cfg.model.dtype,
             gradient_checkpointing=cfg.model.gradient_checkpointing,
+            compile=cfg.model.compile,
             max_consecutive_nonfinite=rl.max_consecutive_nonfinite,
             certified_deterministic_forward=cfg.model.certified_deterministic_forward,
             auxiliary_models=() if reference is None else (reference,),

@@ -77,7 +77,8 @@ class Trainer:
     float64 models); ``"bfloat16"`` runs forwards under bf16 autocast with full-precision master
     weights. ``auxiliary_models`` (e.g. the frozen reference behind a ``ReferenceScorer``) are
     moved to the trainer's device, put in eval mode and frozen; they are never optimised.
-    ``max_consecutive_nonfinite`` consecutive skipped steps stop the run.
+    ``max_consecutive_nonfinite`` consecutive skipped steps stop the run. ``compile`` runs the
+    objective (forward and log-prob of each micro-batch) through ``torch.compile``.
 
     Data parallel: when ``torch.distributed`` is initialised, every rank constructs the trainer
     and calls ``train_on_batch``/``step`` together on its own shard (rows and tokens may differ);
@@ -104,6 +105,7 @@ class Trainer:
         max_consecutive_nonfinite: int = 3,
         auxiliary_models: Sequence[nn.Module] = (),
         device: torch.device | str | None = None,
+        compile: bool = False,
     ) -> None:
         if not isinstance(objective, Objective):
             raise TypeError(
@@ -132,6 +134,9 @@ class Trainer:
         if gradient_checkpointing:
             _enable_gradient_checkpointing(model)
         dp.broadcast_module_(self.model)
+        # The objective's forward + log-prob runs through the compiled wrapper (same parameters);
+        # checkpoints, π_old scoring and weight sync keep using the plain module.
+        self.forward_model = torch.compile(self.model, dynamic=True) if compile else self.model
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the policy model has no parameters with requires_grad=True")
@@ -230,7 +235,7 @@ class Trainer:
         if self.objective.reduction is Reduction.MEAN and len({len(c) for c in chunks}) > 1:
             self._warn_unequal_mean_chunks([len(c) for c in chunks])
         acc = accumulate_gradients(
-            self.model, self.objective, chunks, forward_context=self.forward_context
+            self.forward_model, self.objective, chunks, forward_context=self.forward_context
         )
         public = self.objective.metric_adapter.adapt(acc.metrics, "train")
         grad_norm = self._clip_and_norm()
