@@ -65,7 +65,13 @@ def exact_reward(completions, answer, **_) -> list[float]:
 
 
 def trl_trainer(
-    w: Workload, model_dir: Path, out_dir: Path, rows: list[dict], steps: int, seed: int
+    w: Workload,
+    model_dir: Path,
+    out_dir: Path,
+    rows: list[dict],
+    steps: int,
+    seed: int,
+    bf16: bool = False,
 ) -> TimedGRPOTrainer:
     """A GRPOTrainer whose step i sees prompts ``rows[i*P:(i+1)*P]`` (no shuffling)."""
     batch = w.prompts * w.n
@@ -94,7 +100,7 @@ def trl_trainer(
         max_steps=steps,
         shuffle_dataset=False,
         use_cpu=True,
-        bf16=False,
+        bf16=bf16,
         seed=seed,
         logging_steps=10**6,
         save_strategy="no",

@@ -6,7 +6,7 @@
 Both sides train the same model directory (a tiny preset built by ``posttrain model tiny``), see
 the same prompts at each step, sample the same number of responses per prompt with the same
 new-token budget, and use the same KL coefficient (k3 against the initial model), lr, AdamW,
-gradient clip and one torch thread. Each TRL step is followed by one posttrain step. The first
+gradient clip and one torch thread (``--bf16``: bf16 compute on both). Each TRL step is followed by one posttrain step. The first
 ``--warmup`` steps of each side are dropped; medians of the rest are printed with per-phase times:
 
 - ``generate``: sampling; ``reference_fwd``: the frozen reference's forwards;
@@ -36,7 +36,7 @@ WORKLOADS = {
 PHASES = ("generate", "pi_old_fwd", "reference_fwd", "policy_fwd", "loss_backward_optim", "step")
 
 
-def measure(name: str, steps: int, warmup: int, workdir: Path) -> dict:
+def measure(name: str, steps: int, warmup: int, workdir: Path, bf16: bool) -> dict:
     from bench_posttrain import PosttrainSide, Workload
     from bench_trl import Interleave, trl_trainer
 
@@ -45,7 +45,8 @@ def measure(name: str, steps: int, warmup: int, workdir: Path) -> dict:
 
     w = Workload(name, *WORKLOADS[name])
     model_dir = build_tiny_model(w.preset, workdir / f"model-{w.preset}", seed=0)
-    ours = PosttrainSide(w, model_dir, workdir / "posttrain", steps)
+    extra = ("model.dtype=bfloat16", "rollout.dtype=bfloat16") if bf16 else ()
+    ours = PosttrainSide(w, model_dir, workdir / "posttrain", steps, extra)
     items = [ours.prompts_for(s) for s in range(1, steps + 1)]
     rows = [
         {"prompt": format_prompt(it, "plain", ours.tokenizer), "answer": it.answer}
@@ -57,11 +58,11 @@ def measure(name: str, steps: int, warmup: int, workdir: Path) -> dict:
     def posttrain_step(step: int) -> None:
         posttrain_steps.append(ours.step(step, items[step - 1]))
 
-    trainer = trl_trainer(w, model_dir, workdir / "trl", rows, steps, seed=0)
+    trainer = trl_trainer(w, model_dir, workdir / "trl", rows, steps, seed=0, bf16=bf16)
     callback = Interleave(trainer.clock, posttrain_step)
     trainer.add_callback(callback)
     trainer.train()
-    out = {"workload": name, "steps_measured": steps - warmup}
+    out = {"workload": name, "bf16": bf16, "steps_measured": steps - warmup}
     for side, rows_ in (("trl", callback.steps), ("posttrain", posttrain_steps)):
         kept = rows_[warmup:]
         out[side] = {p: statistics.median(r.get(p, 0.0) for r in kept) for p in PHASES}
@@ -70,7 +71,8 @@ def measure(name: str, steps: int, warmup: int, workdir: Path) -> dict:
 
 
 def print_table(result: dict) -> None:
-    print(f"\n{result['workload']}: medians of {result['steps_measured']} steps (ms)")
+    precision = "bf16" if result["bf16"] else "fp32"
+    print(f"\n{result['workload']} ({precision}): medians of {result['steps_measured']} steps (ms)")
     print(f"{'phase':<22}{'TRL':>12}{'posttrain':>12}")
     for p in PHASES:
         t, o = result["trl"][p] * 1e3, result["posttrain"][p] * 1e3
@@ -85,6 +87,12 @@ def main() -> None:
         "--steps", type=int, default=None, help="steps per side (default: per workload)"
     )
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument(
+        "--bf16",
+        action="store_true",
+        help="bf16 compute on both sides: posttrain model.dtype=bfloat16 + rollout.dtype="
+        "bfloat16 (bf16 sampling copy), TRL bf16=True",
+    )
     ap.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -100,7 +108,7 @@ def main() -> None:
         if steps <= args.warmup:
             sys.exit(f"--steps={steps} must exceed --warmup={args.warmup}")
         with tempfile.TemporaryDirectory() as tmp:
-            results.append(measure(name, steps, args.warmup, Path(tmp)))
+            results.append(measure(name, steps, args.warmup, Path(tmp), args.bf16))
         print_table(results[-1])
     print(f"load average at the end: {os.getloadavg()}")
     if args.json:

@@ -135,7 +135,7 @@ class Trainer:
             _enable_gradient_checkpointing(model)
         dp.broadcast_module_(self.model)
         # The objective's forward + log-prob runs through the compiled wrapper (same parameters);
-        # checkpoints, π_old scoring and weight sync keep using the plain module.
+        # π_old is scored through it too, so a frozen π_old matches the update's forward.
         self.forward_model = torch.compile(self.model, dynamic=True) if compile else self.model
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
