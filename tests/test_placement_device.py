@@ -82,3 +82,24 @@ def test_bf16_rollout_copy_is_refreshed_from_the_master_weights(tiny_dir, tmp_pa
     master = roles.policy.model.state_dict()
     for name, value in engine_model.state_dict().items():
         assert torch.equal(value, master[name].to(torch.bfloat16)), name
+
+
+def test_bf16_rollout_run_publishes_the_sampler_trainer_gap(tiny_dir, tmp_path):
+    import json
+
+    from posttrain.entrypoints import grpo
+
+    o = [
+        *opts(tiny_dir, tmp_path, "rollout.dtype=bfloat16", "rl.grpo_surrogate=clipped"),
+        "data.train_size=40", "data.val_size=4", "data.prompts_per_step=2", "rollout.n=2",
+        "rollout.max_tokens=3", "rl.max_steps=2", "rl.save_every=0", "rl.eval_every=0",
+        "rl.micro_batch_size=4", "logging.progress=false",
+    ]  # fmt: skip
+    config = load_config("arithmetic", ["--", *o])
+    summary = grpo.run(config, "arithmetic", o, grpo.default_out_dir(config), build_objective)
+    rows = [json.loads(x) for x in (tmp_path / "grpo" / "arithmetic_tiny" / "metrics.jsonl")
+            .read_text().splitlines()]  # fmt: skip
+    assert summary["steps"] == 2
+    gaps = [r["train/rollout/logprob_abs_diff"] for r in rows]
+    # bf16 sampling weights vs the float32 trainer: a real, small gap
+    assert all(0 < g < 0.5 for g in gaps), gaps
