@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import random_batch, tiny_llama
 
@@ -15,8 +16,18 @@ def _grads(model, batch, **kw):
     return out.detach(), [p.grad.clone() for p in model.parameters()]
 
 
-def test_chunked_values_and_gradients_match_the_one_shot_path():
-    model, batch = tiny_llama(seed=2), random_batch(seed=5, b=7)
+def _tied_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    return LlamaForCausalLM(cfg).double()
+
+
+@pytest.mark.parametrize("make", [lambda: tiny_llama(seed=2), _tied_llama], ids=["untied", "tied"])
+def test_chunked_values_and_gradients_match_the_one_shot_path(make):
+    model, batch = make(), random_batch(seed=5, b=7)
     whole, g_whole = _grads(model, batch, chunk_elements=1 << 30)
     # 16-token vocab x R=5 -> 80 logits per row: 100 elements gives chunks of one row.
     chunked, g_chunked = _grads(model, batch, chunk_elements=100)
