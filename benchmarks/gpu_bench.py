@@ -5,7 +5,7 @@
 
 Default sizes: a random-weight Llama of SmolLM2-135M's shape (hidden 576, 30 layers, 9/3 heads,
 ffn 1536, vocab 49152). Rollout: 64 prompts x 8 samples, 64-token prompts, 256 new tokens, in
-``--dtype`` (bf16), posttrain's engine vs HF ``generate`` (same model, same shapes, stop tokens
+``--dtype`` (bf16), posttrain's engines (``torch``; ``static``: CUDA graphs) vs HF ``generate`` (same model, same shapes, stop tokens
 off so every row runs to the budget). Update: 512 rows x 320 tokens, micro-batch 64, bf16
 autocast over float32 master weights, with and without ``model.compile``; MFU is
 6 * parameters * tokens / time / ``--peak-tflops``. GRPO step: ``posttrain grpo`` on the
@@ -69,7 +69,7 @@ def timed(fn, device: torch.device, repeats: int) -> float:
 
 
 def bench_rollout(s: dict, dtype: torch.dtype, device: torch.device, repeats: int) -> dict:
-    from posttrain.rollout import TorchRolloutEngine
+    from posttrain.rollout import GraphRolloutEngine, TorchRolloutEngine
 
     model = build_model(s, dtype, device)
     g = torch.Generator().manual_seed(1)
@@ -77,6 +77,11 @@ def bench_rollout(s: dict, dtype: torch.dtype, device: torch.device, repeats: in
     engine = TorchRolloutEngine(model, stop_token_ids=[], pad_token_id=0)
     ours = timed(
         lambda: engine.generate(prompts.tolist(), n=s["n"], max_tokens=s["new"], seed=0),
+        device, repeats,
+    )  # fmt: skip
+    static = GraphRolloutEngine(model, stop_token_ids=[], pad_token_id=0)
+    graphed = timed(
+        lambda: static.generate(prompts.tolist(), n=s["n"], max_tokens=s["new"], seed=0),
         device, repeats,
     )  # fmt: skip
     ids = prompts.to(device).repeat_interleave(s["n"], 0)
@@ -92,6 +97,8 @@ def bench_rollout(s: dict, dtype: torch.dtype, device: torch.device, repeats: in
     tokens = s["prompts"] * s["n"] * s["new"]
     return {
         "rollout_tok_s": tokens / ours, "rollout_ms_per_decode_step": 1e3 * ours / s["new"],
+        "static_rollout_tok_s": tokens / graphed,
+        "static_rollout_ms_per_decode_step": 1e3 * graphed / s["new"],
         "hf_generate_tok_s": tokens / theirs, "hf_ms_per_decode_step": 1e3 * theirs / s["new"],
     }  # fmt: skip
 

@@ -183,7 +183,12 @@ class RolloutConfig(Section):
         "divisor of `rl.loss_type=seq-mean-token-sum-fixed`. Strict positive integer (bool, "
         "fractional, zero and negative values are rejected).",
     )
-    engine: Literal["torch"] = Field("torch", description="Sampling engine.")
+    engine: Literal["torch", "static"] = Field(
+        "torch",
+        description="Sampling engine. `torch`: HF forwards with a growing KV cache, finished "
+        "rows dropped (fastest on the CPU). `static`: fixed KV buffers and a decode step without "
+        "host syncs, captured as CUDA graphs on a GPU (Llama-family models only; eager on CPU).",
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description="Weights the engine samples with. `float32` on the policy's device samples "

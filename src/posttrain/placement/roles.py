@@ -23,7 +23,7 @@ from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.loading import load_policy
 from posttrain.placement.device import rollout_dtype
 from posttrain.reward import RewardStage
-from posttrain.rollout import Rollout, TorchRolloutEngine
+from posttrain.rollout import GraphRolloutEngine, Rollout, TorchRolloutEngine
 from posttrain.trainer import CheckpointManager, LLMTrainer, ResumeState
 
 ObjectiveBuilder = Callable[[Any, Any], Any]
@@ -132,7 +132,8 @@ class RolloutRole:
         else:
             tokenizer = _load_tokenizer(cfg)
         self.tokenizer = tokenizer
-        self.engine = TorchRolloutEngine(model, tokenizer)
+        engine_cls = GraphRolloutEngine if cfg.rollout.engine == "static" else TorchRolloutEngine
+        self.engine = engine_cls(model, tokenizer)
 
     def generate(
         self,
