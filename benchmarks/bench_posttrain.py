@@ -96,7 +96,7 @@ class PosttrainSide:
     ) -> None:
         from posttrain.config import load_config
         from posttrain.config.build import build_objective
-        from posttrain.entrypoints import grpo
+        from posttrain.entrypoints import online
         from posttrain.model.loading import load_tokenizer
         from posttrain.placement.local import place_local
 
@@ -104,8 +104,8 @@ class PosttrainSide:
         self.config = load_config(self.RECIPE, ["--", *opts])
         run_dir = out_root / "posttrain"
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.tasks = grpo.build_tasks(self.config)
-        self.roles = place_local(self.RECIPE, opts, build_objective, str(run_dir))
+        self.tasks = online.build_tasks(self.config)
+        self.roles = place_local(self.config, build_objective, str(run_dir))
         self.tokenizer = load_tokenizer(str(model_dir))
         self.clock = PhaseClock()
         policy = self.roles.policy
@@ -125,7 +125,7 @@ class PosttrainSide:
 
     def step(self, step: int, items: list) -> dict[str, float]:
         from posttrain.entrypoints.common import encode_prompts
-        from posttrain.entrypoints.grpo import rollout_seed
+        from posttrain.entrypoints.online import rollout_seed
 
         cfg, roles, p, n = self.config, self.roles, self.w.prompts, self.w.n
         t0 = time.perf_counter()

@@ -29,13 +29,14 @@ def test_smoke_prints_the_table_and_writes_json(tmp_path, capsys):
 
 @cuda
 def test_local_roles_land_on_cuda_with_a_bf16_rollout_copy(tmp_path):
+    from posttrain.config import load_config
     from posttrain.config.build import build_objective
     from posttrain.model.tiny import build_tiny_model
     from posttrain.placement.local import place_local
 
     model = build_tiny_model("tiny", tmp_path / "m", seed=0)
     opts = [f"model.name_or_path={model}", f"job.output_root={tmp_path}"]
-    roles = place_local("arithmetic", opts, build_objective, str(tmp_path))
+    roles = place_local(load_config("arithmetic", ["--", *opts]), build_objective, str(tmp_path))
     assert next(roles.policy.model.parameters()).device.type == "cuda"
     engine_param = next(roles.rollout.engine.model.parameters())
     assert engine_param.device.type == "cuda" and engine_param.dtype == torch.bfloat16

@@ -59,7 +59,7 @@ def test_local_run_sets_threads_and_shares_the_float32_policy(tiny_dir, tmp_path
     before = torch.get_num_threads()
     try:
         o = opts(tiny_dir, tmp_path, "placement.torch_threads_per_process=2")
-        roles = place_local("arithmetic", o, build_objective, str(tmp_path))
+        roles = place_local(load_config("arithmetic", ["--", *o]), build_objective, str(tmp_path))
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
@@ -69,7 +69,7 @@ def test_local_run_sets_threads_and_shares_the_float32_policy(tiny_dir, tmp_path
 
 def test_bf16_rollout_copy_is_refreshed_from_the_master_weights(tiny_dir, tmp_path):
     o = opts(tiny_dir, tmp_path, "rollout.dtype=bfloat16", "placement.device=cpu")
-    roles = place_local("arithmetic", o, build_objective, str(tmp_path))
+    roles = place_local(load_config("arithmetic", ["--", *o]), build_objective, str(tmp_path))
     engine_model = roles.rollout.engine.model
     assert engine_model is not roles.policy.model
     assert next(engine_model.parameters()).dtype == torch.bfloat16

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from posttrain.algorithm.primitives.policy_gradient import LossType
+from posttrain.algorithm.primitives.loss_types import LossType
 from posttrain.config.base import Section
 
 

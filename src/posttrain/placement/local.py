@@ -1,28 +1,21 @@
 """In-process placement (the default): every role lives in the driver process.
 
-The rollout role samples with the policy's own module, so weight sync copies nothing, unless
-``rollout.dtype`` asks for a low-precision copy (the default on CUDA). ``placement.device`` puts
-the policy, the reference and the rollout on one device; ``placement.torch_threads_per_process``
-sets this process's torch threads.
+The config is resolved once and shared by every role; the rollout role samples with the policy's
+own module, so weight sync copies nothing, unless ``rollout.dtype`` asks for a low-precision copy
+(the default on CUDA). ``placement.device`` puts the policy, the reference and the rollout on one
+device; ``placement.torch_threads_per_process`` sets this process's torch threads.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from posttrain.config import ConfigError
+from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.placement.device import resolve_device, rollout_dtype
-from posttrain.placement.roles import (
-    ObjectiveBuilder,
-    PolicyRole,
-    RewardRole,
-    RolloutRole,
-    resolve,
-)
+from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 
 log = logging.getLogger("posttrain")
 
@@ -32,6 +25,7 @@ class LocalRoles:
     policy: PolicyRole
     rollout: RolloutRole
     reward: RewardRole
+    teacher: None = None
 
     def sync_weights(self) -> int:
         """After an update: an engine sharing the policy module copies nothing; an own
@@ -43,22 +37,27 @@ class LocalRoles:
 
 
 def place_local(
-    config_path: str, opts: Sequence[str], build_objective_fn: ObjectiveBuilder, run_dir: str
+    config: PosttrainConfig,
+    build_objective_fn: ObjectiveBuilder,
+    run_dir: str,
+    teacher: bool = False,
 ) -> LocalRoles:
-    cfg = resolve(config_path, opts)
+    cfg = config
     ranks = cfg.placement.policy_ranks
     if ranks != 1:
         raise ConfigError(
             f"placement.policy_ranks={ranks} needs placement.backend=ray (in-process placement "
             "runs one policy rank)"
         )
+    if teacher:
+        raise ConfigError("this build has no teacher role; use an entry without one")
     torch.set_num_threads(cfg.placement.torch_threads_per_process)
     device = resolve_device(cfg.placement.device)
-    policy = PolicyRole(config_path, opts, build_objective_fn, run_dir, device=str(device))
+    policy = PolicyRole(cfg, build_objective_fn, run_dir, device=str(device))
     dtype = rollout_dtype(cfg.rollout.dtype, device)
     # float32 samples with the policy module itself; another dtype needs the engine's own copy.
     shared = policy.model if dtype == "float32" else None
-    rollout = RolloutRole(config_path, opts, model=shared, device=str(device))
+    rollout = RolloutRole(cfg, model=shared, device=str(device))
     ref = "" if cfg.rl.kl_beta == 0 else f", reference on {device} ({cfg.model.dtype})"
     log.info(
         "placement: policy on %s (float32 master, %s compute)%s, rollout on %s (%s%s); "
@@ -66,4 +65,4 @@ def place_local(
         ", shares the policy module" if shared is not None else ", own copy",
         cfg.placement.torch_threads_per_process,
     )  # fmt: skip
-    return LocalRoles(policy, rollout, RewardRole(config_path, opts))
+    return LocalRoles(policy, rollout, RewardRole(cfg))
