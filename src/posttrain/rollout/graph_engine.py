@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from posttrain.data.logprobs import position_ids_from_mask
 from posttrain.rollout.kv_cache import rollout_cache
 from posttrain.rollout.sampling import sample_tokens
-from posttrain.rollout.static_decode import StaticDecoder
+from posttrain.rollout.static_decode import StaticDecoder, unsupported_reason
 from posttrain.rollout.torch_engine import TorchRolloutEngine, _left_pad
 
 
@@ -44,6 +44,9 @@ class GraphRolloutEngine(TorchRolloutEngine):
         **kw,
     ) -> None:
         super().__init__(model, tokenizer, **kw)
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"rollout.engine=static: {reason}; use rollout.engine=torch")
         if context_bucket < 1 or check_every < 1:
             raise ValueError("context_bucket and check_every must be >= 1")
         self.context_bucket = context_bucket
