@@ -1,7 +1,7 @@
 """posttrain's side of ``vs_trl.py``: one GRPO step at a time, with per-phase wall times.
 
-The step is the GRPO entry's loop body (rollout -> reward stage -> update -> weight sync) on the
-roles ``placement.local`` builds, so it measures exactly what ``posttrain grpo`` runs. Phases
+The step is the GRPO entry's loop body (``online.collect``: rollout -> reward stage; then the
+update and the weight sync) on the roles ``placement.local`` builds, so it measures exactly what ``posttrain grpo`` runs. Phases
 inside the update are read from forward hooks (see ``PhaseClock``): the frozen reference's
 forwards, no-grad policy forwards during the update (a separate π_old capture), and grad-enabled
 policy forwards; what remains of the update is loss math, backward and the optimizer.
@@ -124,29 +124,25 @@ class PosttrainSide:
         return items
 
     def step(self, step: int, items: list) -> dict[str, float]:
-        from posttrain.entrypoints.common import encode_prompts
-        from posttrain.entrypoints.online import rollout_seed
+        from posttrain.entrypoints.online import collect
 
-        cfg, roles, p, n = self.config, self.roles, self.w.prompts, self.w.n
+        roles = self.roles
         t0 = time.perf_counter()
-        prompts = encode_prompts(items, cfg.data.prompt_template, self.tokenizer)
-        rollout = roles.rollout.generate(
-            prompts, n=n, temperature=1.0, seed=rollout_seed(cfg.job.seed, step),
-            group_id_offset=step * p, sample_id_offset=step * p * n,
-        )  # fmt: skip
-        t1 = time.perf_counter()
-        batch, _ = roles.reward.score(rollout, items)
+        _, result, times = collect(self.config, roles, self.tokenizer, items, step)
         t2 = time.perf_counter()
         self.clock.armed = True
         try:
-            roles.policy.train(batch)
+            roles.policy.train(result.batch)
         finally:
             self.clock.armed = False
         t3 = time.perf_counter()
         roles.sync_weights()
         t4 = time.perf_counter()
         inner = self.clock.take()
-        out = {"generate": t1 - t0, "reward": t2 - t1, "sync": t4 - t3, "step": t4 - t0}
+        out = {
+            "generate": times["time/rollout_s"], "reward": times["time/reward_s"],
+            "sync": t4 - t3, "step": t4 - t0,
+        }  # fmt: skip
         out.update(inner)
         out["loss_backward_optim"] = (t3 - t2) - sum(inner.values())
         return out
