@@ -91,6 +91,8 @@ def identity_of(rl: Any) -> dict[str, Any]:
         "temperature": float(rl.temperature),
         "kl_beta": float(rl.kl_beta),
     }
+    if rl.kl_beta > 0:
+        ident["kl_estimator"] = rl.kl_estimator
     if rl.importance_sampling_level == "sequence":
         ident["importance_sampling_level"] = "sequence"
     if rl.rollout_is_cap > 0:
@@ -115,8 +117,8 @@ def make_objective(rl: Any, context: Any) -> Objective:
 
     ``rl`` needs ``grpo_surrogate``, ``importance_sampling_level``, ``epsilon_low``,
     ``epsilon_high``, ``lower_bound_ratio``, ``temperature``, ``loss_type``, ``kl_beta`` and
-    ``rollout_is_cap`` (0: off; else the policy-gradient term of each token is weighted by
-    ``min(π_old / π_rollout, cap)``; the KL term is not).
+    ``kl_estimator`` and ``rollout_is_cap`` (0: off; else the policy-gradient term of each token
+    is weighted by ``min(π_old / π_rollout, cap)``; the KL term is not).
     ``context`` carries ``max_response_length`` (the rollout bound, for
     ``seq-mean-token-sum-fixed``) and, when ``kl_beta > 0``, ``reference_model``: the frozen
     network the entry also hands to the trainer as an auxiliary model.
@@ -155,7 +157,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
         scorer = ReferenceScorer(ref, temperature)
     cache = OldLogpCache(temperature)
     # Snapshot the knobs: the objective must not change if the config object is mutated later.
-    level, loss_type = rl.importance_sampling_level, rl.loss_type
+    level, loss_type, kl_estimator = rl.importance_sampling_level, rl.loss_type, rl.kl_estimator
     is_cap = float(rl.rollout_is_cap)
     eps_low, eps_high, lbr = (
         float(rl.epsilon_low),
@@ -189,7 +191,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
                 "rl.rollout_is_cap > 0 needs batch.rollout_logprobs (the sampler's logprobs)"
             )
         if scorer is not None:
-            kl = kl_penalty(logp, scorer(batch), m, "k3")
+            kl = kl_penalty(logp, scorer(batch), m, kl_estimator)
             per_token = per_token + kl_beta * kl
             metrics["kl_ref"] = masked_mean(kl.detach(), m)
         metrics["entropy_proxy"] = masked_mean(-logp.detach(), m)

@@ -44,6 +44,17 @@ def kl_beta_without_kl_term(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@error("rl.kl_beta", "rl.kl_estimator")
+def kl_estimator_without_kl_term(cfg: PosttrainConfig) -> str | None:
+    """The estimator shapes the KL anchor only; with kl_beta=0 there is no anchor to shape."""
+    if cfg.rl.kl_beta > 0 or cfg.rl.is_default("kl_estimator"):
+        return None
+    return (
+        f"rl.kl_estimator={cfg.rl.kl_estimator} is never read with rl.kl_beta=0 (no KL anchor); "
+        f"{reset_hint(cfg.rl, 'kl_estimator')}, or set rl.kl_beta > 0"
+    )
+
+
 @error("rl.grpo_surrogate", "rl.importance_sampling_level")
 def legacy_pg_sequence_level(cfg: PosttrainConfig) -> str | None:
     """The importance-ratio level is a sub-knob of the clipped surrogate; legacy_pg has no
@@ -118,6 +129,7 @@ def distillation_mode_without_opd(cfg: PosttrainConfig) -> str | None:
 RULES = (
     legacy_pg_clip_knobs,
     kl_beta_without_kl_term,
+    kl_estimator_without_kl_term,
     rollout_is_cap_needs_clipped,
     legacy_pg_sequence_level,
     sequence_level_dual_clip,

@@ -21,6 +21,7 @@ from posttrain.config.build import objective_context
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.loading import load_policy
+from posttrain.model.protocol import model_capabilities, require_trainable
 from posttrain.placement.device import rollout_dtype
 from posttrain.reward import RewardStage
 from posttrain.reward.stage import RewardResult
@@ -45,6 +46,9 @@ class PolicyRole:
         self.model, self.tokenizer = load_policy(
             cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", device
         )
+        claim = cfg.model.certified_deterministic_forward
+        self.capabilities = model_capabilities(self.model, certified_deterministic_forward=claim)
+        require_trainable(self.capabilities, cfg.model.name_or_path)
         reference = None
         if cfg.rl.kl_beta > 0:
             reference, _ = load_policy(cfg.model.name_or_path, None, cfg.model.dtype, device)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from posttrain.algorithm.primitives._checks import as_bool_mask, check_finite, check_shape
-from posttrain.algorithm.primitives.loss_types import LOSS_TYPES
+from posttrain.algorithm.primitives.choices import LOSS_TYPES
 
 #: Upper clamp on the sequence-level log-ratio (GSPO): exp(10) ~ 2.2e4.
 SEQUENCE_LOG_RATIO_CAP = 10.0

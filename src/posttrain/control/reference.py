@@ -1,6 +1,6 @@
 """Generate ``docs/reference/config.md`` from the schema and the preflight rules.
 
-``python -m posttrain.config.reference PATH`` writes the file (``make docs``);
+``python -m posttrain.control.reference PATH`` writes the file (``make docs``);
 ``--check`` exits 1 when PATH differs from what the code would generate.
 """
 
