@@ -129,3 +129,14 @@ def test_a_grpo_run_samples_with_the_static_engine(tmp_path):
     summary = grpo.run(config, "arithmetic", o, grpo.default_out_dir(config), build_objective)
     rows = (tmp_path / "grpo" / "arithmetic_tiny" / "metrics.jsonl").read_text().splitlines()
     assert summary["steps"] == 2 and "val/accuracy" in json.loads(rows[-1])
+
+
+def test_prompt_widths_within_a_bucket_share_buffers(model):
+    engine = GraphRolloutEngine(model, stop_token_ids=STOPS, context_bucket=16)
+    for width in (2, 3, 5):
+        r = engine.generate([[1] * width], n=2, max_tokens=6, seed=width)
+        with torch.no_grad():
+            ref = response_logprobs(model, r.batch)
+        m = r.batch.response_mask
+        torch.testing.assert_close(r.batch.rollout_logprobs[m], ref[m], rtol=0, atol=1e-12)
+    assert list(engine._decoders) == [(2, 16)]

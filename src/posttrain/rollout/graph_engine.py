@@ -101,7 +101,9 @@ class GraphRolloutEngine(TorchRolloutEngine):
         ids, mask = (t.to(dev) for t in _left_pad(prompts, self.pad_token_id))
         cache = rollout_cache(self.model.config, p)
         logits = self._forward(ids, mask, position_ids_from_mask(mask), cache)
-        capacity = p + max_tokens
+        # Buffers (and their graphs) are kept per (rows, capacity); rounding the capacity up to a
+        # bucket lets prompts of varying width reuse them instead of adding one set per width.
+        capacity = -(-(p + max_tokens) // self.context_bucket) * self.context_bucket
         dec = self._decoder(rows, capacity)
         dec.load_prefix(cache, mask, n)
         logits = logits.repeat_interleave(n, 0)
