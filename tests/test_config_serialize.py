@@ -43,6 +43,7 @@ _SPECIAL: dict[str, st.SearchStrategy] = {
         max_size=3,
     ),
     "rl.lower_bound_ratio": st.one_of(st.just(0.0), st.floats(1.0, 100.0, exclude_min=True)),
+    "placement.device": st.from_regex(r"auto|cpu|cuda|cuda:[0-9]{1,2}", fullmatch=True),
 }
 
 
