@@ -61,8 +61,9 @@ def response_logprobs(
         use_cache=False,
     )
     head = _plain_head(model)
-    rows = max(1, chunk_elements // max(1, r * int(getattr(model.config, "vocab_size", 1))))
-    if head is None or rows >= batch.batch_size:
+    per_row = max(1, r * head.out_features) if head is not None else 0
+    rows = max(1, chunk_elements // per_row) if per_row else batch.batch_size
+    if rows >= batch.batch_size:
         logits = model(**kwargs, logits_to_keep=r + 1).logits[:, -(r + 1) : -1, :]
         return token_logprobs(logits, batch.response_ids, temperature)
     hidden = model.get_decoder()(**kwargs).last_hidden_state[:, -(r + 1) : -1, :]
