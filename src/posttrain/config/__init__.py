@@ -37,6 +37,7 @@ from posttrain.config.serialize import (
     to_json,
     to_yaml,
 )
+from posttrain.config.teacher import TeacherConfig
 
 __all__ = [
     "RECIPE_BUILDER",
@@ -56,6 +57,7 @@ __all__ = [
     "RetiredKeyError",
     "RewardConfig",
     "RolloutConfig",
+    "TeacherConfig",
     "UnknownKeyError",
     "all_keys",
     "apply_override",

@@ -56,9 +56,9 @@ class PlacementConfig(Section):
     device: str = Field(
         "auto",
         pattern=r"^(auto|cpu|cuda|cuda:[0-9]+)$",
-        description="Device of the model-bearing roles (policy, reference, rollout) of a `local` "
-        "run: `auto` (CUDA when present, else the CPU), `cpu`, `cuda` or `cuda:N`. Ray places "
-        "roles with `gpus_per_role` instead.",
+        description="Device of the model-bearing roles (policy, reference, rollout, teacher) of a "
+        "`local` run: `auto` (CUDA when present, else the CPU), `cpu`, `cuda` or `cuda:N`. Ray "
+        "places roles with `gpus_per_role` instead.",
     )
 
     @field_validator("cpus_per_role", "gpus_per_role")
@@ -103,4 +103,9 @@ class CheckpointConfig(Section):
 
     keep_last: int = Field(
         2, ge=1, description="Keep this many most recent checkpoints; older ones are deleted."
+    )
+    save_on_signal: bool = Field(
+        True,
+        description="On SIGINT/SIGTERM, finish the current step and save a checkpoint before "
+        "exiting (a second signal stops at once); false stops at once without saving.",
     )

@@ -39,6 +39,26 @@ LOGIT_CHUNK_ELEMENTS = 1 << 26
 _HEAD_MODIFIERS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
+def _forward_kwargs(batch: TrajectoryBatch) -> dict:
+    return dict(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids_from_mask(batch.attention_mask),
+        use_cache=False,
+    )
+
+
+def response_logits(model: nn.Module, batch: TrajectoryBatch) -> Tensor:
+    """``[B, R, V]`` logits that predict each response token (row ``t`` predicts token ``t``).
+
+    Asks the model for the last ``R + 1`` logit rows only (``logits_to_keep``): the row before
+    the first response token through the last response token.
+    """
+    r = batch.response_width
+    out = model(**_forward_kwargs(batch), logits_to_keep=r + 1)
+    return out.logits[:, -(r + 1) : -1, :]
+
+
 def response_logprobs(
     model: nn.Module,
     batch: TrajectoryBatch,
@@ -47,26 +67,19 @@ def response_logprobs(
 ) -> Tensor:
     """``[B, R]`` logprobs of each response token given everything before it.
 
-    Asks the model for the last ``R + 1`` logit rows only (``logits_to_keep``): the row before
-    the first response token through the last response token. When those logits would exceed
-    ``chunk_elements`` and the model's head is a plain linear layer, the decoder runs once and
-    the head + log-softmax run per chunk of rows under activation checkpointing: the full-vocab
-    logits (and their float32 copy) never exist for the whole batch at once.
+    When the response logits would exceed ``chunk_elements`` and the model's head is a plain
+    linear layer, the decoder runs once and the head + log-softmax run per chunk of rows under
+    activation checkpointing: the full-vocab logits (and their float32 copy) never exist for the
+    whole batch at once.
     """
     r = batch.response_width
-    kwargs = dict(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=position_ids_from_mask(batch.attention_mask),
-        use_cache=False,
-    )
     head = _plain_head(model)
     per_row = max(1, r * head.out_features) if head is not None else 0
     rows = max(1, chunk_elements // per_row) if per_row else batch.batch_size
     if rows >= batch.batch_size:
-        logits = model(**kwargs, logits_to_keep=r + 1).logits[:, -(r + 1) : -1, :]
-        return token_logprobs(logits, batch.response_ids, temperature)
-    hidden = model.get_decoder()(**kwargs).last_hidden_state[:, -(r + 1) : -1, :]
+        return token_logprobs(response_logits(model, batch), batch.response_ids, temperature)
+    hidden = model.get_decoder()(**_forward_kwargs(batch)).last_hidden_state
+    hidden = hidden[:, -(r + 1) : -1, :]
     targets = batch.response_ids
     out = []
     for s in range(0, batch.batch_size, rows):

@@ -2,8 +2,8 @@
 
 The config is resolved once and shared by every role; the rollout role samples with the policy's
 own module, so weight sync copies nothing, unless ``rollout.dtype`` asks for a low-precision copy
-(the default on CUDA). ``placement.device`` puts the policy, the reference and the rollout on one
-device; ``placement.torch_threads_per_process`` sets this process's torch threads.
+(the default on CUDA). ``placement.device`` puts the policy, the reference, the rollout and the
+teacher on one device; ``placement.torch_threads_per_process`` sets this process's torch threads.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.placement.device import resolve_device, rollout_dtype
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
+from posttrain.placement.teacher import TeacherRole
 
 log = logging.getLogger("posttrain")
 
@@ -25,7 +26,7 @@ class LocalRoles:
     policy: PolicyRole
     rollout: RolloutRole
     reward: RewardRole
-    teacher: None = None
+    teacher: TeacherRole | None = None
 
     def sync_weights(self) -> int:
         """After an update: an engine sharing the policy module copies nothing; an own
@@ -49,8 +50,6 @@ def place_local(
             f"placement.policy_ranks={ranks} needs placement.backend=ray (in-process placement "
             "runs one policy rank)"
         )
-    if teacher:
-        raise ConfigError("this build has no teacher role; use an entry without one")
     torch.set_num_threads(cfg.placement.torch_threads_per_process)
     device = resolve_device(cfg.placement.device)
     policy = PolicyRole(cfg, build_objective_fn, run_dir, device=str(device))
@@ -59,10 +58,12 @@ def place_local(
     shared = policy.model if dtype == "float32" else None
     rollout = RolloutRole(cfg, model=shared, device=str(device))
     ref = "" if cfg.rl.kl_beta == 0 else f", reference on {device} ({cfg.model.dtype})"
+    tea = f", teacher on {device} ({cfg.teacher.dtype})" if teacher else ""
     log.info(
-        "placement: policy on %s (float32 master, %s compute)%s, rollout on %s (%s%s); "
-        "%d torch thread(s)", device, cfg.model.dtype, ref, device, dtype,
+        "placement: policy on %s (float32 master, %s compute)%s%s, rollout on %s (%s%s); "
+        "%d torch thread(s)", device, cfg.model.dtype, ref, tea, device, dtype,
         ", shares the policy module" if shared is not None else ", own copy",
         cfg.placement.torch_threads_per_process,
     )  # fmt: skip
-    return LocalRoles(policy, rollout, RewardRole(cfg))
+    teacher_role = TeacherRole(cfg, device=str(device)) if teacher else None
+    return LocalRoles(policy, rollout, RewardRole(cfg), teacher_role)
