@@ -10,6 +10,7 @@ Public API::
 Preflight (cross-field rules) lives in :mod:`posttrain.control`.
 """
 
+from posttrain.config.dpo import DPOConfig
 from posttrain.config.errors import (
     ConfigError,
     ConfigValueError,
@@ -46,6 +47,7 @@ __all__ = [
     "CheckpointConfig",
     "ConfigError",
     "ConfigValueError",
+    "DPOConfig",
     "DataConfig",
     "JobConfig",
     "LoggingConfig",

@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field
 
 from posttrain.config.base import Section
+from posttrain.config.dpo import DPOConfig
 from posttrain.config.rl import RLConfig
 from posttrain.config.runtime import CheckpointConfig, LoggingConfig, PlacementConfig
 from posttrain.config.sections import (
@@ -27,6 +28,7 @@ class PosttrainConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Scoring.")
     rl: RLConfig = Field(default_factory=RLConfig, description="Objective and schedule.")
+    dpo: DPOConfig = Field(default_factory=DPOConfig, description="Diffusion DPO.")
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="Role placement."
     )

@@ -126,3 +126,14 @@ def write_pairs(directory: Path, rows: Iterable[tuple[int, torch.Tensor, torch.T
     tmp.write_text("".join(line + "\n" for line in lines))
     os.replace(tmp, manifest)
     return manifest
+
+
+def write_grid(path: Path, images: np.ndarray, columns: int, scale: int = 4) -> None:
+    """Images ``[N, H, W, 3]`` as one PNG, ``columns`` per row, each pixel ``scale`` x ``scale``."""
+    n, h, w, _ = images.shape
+    rows = -(-n // columns)
+    grid = np.zeros((rows * (h + 1) + 1, columns * (w + 1) + 1, 3), dtype=np.float32) + 0.5
+    for i, img in enumerate(images):
+        r, c = divmod(i, columns)
+        grid[1 + r * (h + 1) : 1 + r * (h + 1) + h, 1 + c * (w + 1) : 1 + c * (w + 1) + w] = img
+    write_png(path, np.kron(grid, np.ones((scale, scale, 1), dtype=np.float32)))

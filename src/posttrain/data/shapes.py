@@ -143,3 +143,10 @@ def from_tensor(images: Tensor) -> np.ndarray:
     """``[N, 3, H, W]`` in [-1, 1] -> ``[N, H, W, 3]`` float32 in [0, 1], clipped."""
     x = ((images.detach().float().cpu() + 1) / 2).clamp(0, 1)
     return x.permute(0, 2, 3, 1).numpy()
+
+
+def evaluate_images(images: np.ndarray, classes: np.ndarray, target: str) -> dict[str, float]:
+    """Mean preference score and the fraction of valid shapes of the requested classes."""
+    scores = [preference_score(img, target) for img in images]
+    valid = [is_valid(img, int(c)) for img, c in zip(images, classes, strict=True)]
+    return {"scorer_mean": float(np.mean(scores)), "validity": float(np.mean(valid))}

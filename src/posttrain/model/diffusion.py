@@ -11,6 +11,7 @@ gives the same images for the same weights however many samples are drawn togeth
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -60,21 +61,30 @@ def save_pipeline(directory: str | Path, unet: nn.Module, scheduler) -> None:
     _diffusers().DDPMPipeline(unet=unet, scheduler=scheduler).save_pretrained(str(directory))
 
 
+def unet_config(directory: str | Path) -> dict:
+    """The UNet's config.json of a pipeline folder, checked to be class-conditional (no weights
+    are read: callers validate data against the model's image size and classes first)."""
+    path = Path(directory) / "unet" / "config.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"{str(directory)!r} is not a diffusers pipeline folder (no unet/config.json); run "
+            "`posttrain dpo pretrain --out DIR` or save a DDPMPipeline there"
+        )
+    config = json.loads(path.read_text())
+    if not config.get("num_class_embeds"):
+        raise ConfigError(
+            f"{path} is not class-conditional (num_class_embeds is null); DPO conditions "
+            "on a class id per pair"
+        )
+    return config
+
+
 def load_pipeline(directory: str | Path, device: str | torch.device = "cpu"):
     """(unet in float32 on ``device``, DDPM scheduler) from a pipeline folder."""
     path = Path(directory)
-    if not (path / "unet" / "config.json").is_file():
-        raise ConfigError(
-            f"{str(path)!r} is not a diffusers pipeline folder (no unet/config.json); run "
-            "`posttrain dpo pretrain --out DIR` or save a DDPMPipeline there"
-        )
+    unet_config(path)
     d = _diffusers()
     unet = d.UNet2DModel.from_pretrained(str(path), subfolder="unet").to(device).float()
-    if not unet.config.num_class_embeds:
-        raise ConfigError(
-            f"{path}/unet is not class-conditional (num_class_embeds is null); DPO conditions "
-            "on a class id per pair"
-        )
     scheduler = d.DDPMScheduler.from_pretrained(str(path), subfolder="scheduler")
     return unet, scheduler
 
