@@ -163,9 +163,8 @@ def test_trajectory_batch_validation_names_field():
         b.replace(response_mask=b.response_mask.long())
     with pytest.raises(ValueError, match="TrajectoryBatch.advantages"):
         b.replace(advantages=torch.zeros(len(b) + 1, dtype=torch.float64))
-    with pytest.raises(ValueError, match="TrajectoryBatch.old_logprobs"):
-        b.replace(old_logprobs=torch.zeros(len(b), b.response_width + 1))
+    with pytest.raises(ValueError, match="TrajectoryBatch.teacher_logprobs"):
+        b.replace(teacher_logprobs=torch.zeros(len(b), b.response_width + 1))
     sub = b[[4, 1]]
     assert sub.sample_ids.tolist() == [4, 1]
     assert torch.equal(sub.advantages, b.advantages[[4, 1]])
-    assert torch.equal(TrajectoryBatch.concat([b[:2], b[2:]]).input_ids, b.input_ids)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from posttrain.config import ConfigError
 from posttrain.config.build import build_objective
-from posttrain.placement.dispatch import merge_rank_metrics, rank_rows, shard_batch
+from posttrain.placement.dispatch import rank_rows, shard_batch
 from posttrain.placement.local import place_local
 from posttrain.placement.ray_host import worker_pythonpath
 from posttrain.trainer.accumulate import split_evenly
@@ -58,19 +58,6 @@ def test_shard_batch_keeps_whole_rows_and_their_annotations():
         assert (s.advantages == batch.advantages[idx]).all()
         assert s.input_ids.shape[1] == batch.input_ids.shape[1]  # same P + R as the batch
     assert shard_batch(batch, 1, 3) == [batch]
-
-
-def test_merge_rank_metrics():
-    a = {"train/loss": 0.5, "train/samples": 3.0, "train/step_time_s": 1.0, "train/x": 1.0}
-    b = {"train/loss": 0.5, "train/samples": 1.0, "train/step_time_s": 2.0, "train/x": 5.0}
-    merged = merge_rank_metrics([a, b])
-    assert merged == {
-        "train/loss": 0.5,  # global on every rank: kept
-        "train/samples": 4.0,  # summed
-        "train/step_time_s": 2.0,  # slowest rank
-        "train/x": 2.0,  # rank-local: weighted by rows, (3*1 + 1*5) / 4
-    }
-    assert merge_rank_metrics([a]) == a
 
 
 def test_worker_pythonpath_reaches_project_and_test_code(monkeypatch, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 import warnings
 from pathlib import Path
@@ -64,12 +65,42 @@ def test_pi_old_is_captured_once_before_the_first_update():
     reference = objective.old_logp_cache.score(model, b).detach()
     trainer = LLMTrainer(model, objective, lr=1e-2, micro_batch_size=6)
     seen = []
-    original = objective.old_logp_cache.lookup
-    objective.old_logp_cache.lookup = lambda mb: seen.append(original(mb)) or seen[-1]
+    original = objective.old_logp_cache.old_logprobs
+    objective.old_logp_cache.old_logprobs = lambda mb, cur: (
+        seen.append(original(mb, cur)) or seen[-1]
+    )
     trainer.train_on_batch(b, mini_batches=3)
     frozen = torch.cat(seen)  # every mini-batch read the pre-update policy, not the current one
     torch.testing.assert_close(frozen, reference, rtol=0, atol=1e-12)
-    assert not objective.old_logp_cache.captured  # released after the collected batch
+    assert not objective.old_logp_cache.armed  # released after the collected batch
+
+
+def _counting(seen: list[int], score, model, mb):
+    seen.append(len(mb))
+    return score(model, mb)
+
+
+def test_one_update_per_collected_batch_follows_the_policy_without_a_scoring_forward():
+    """One mini-batch: π_old is the update's own forward detached — no capture forward runs, the
+    ratio is exactly 1, and the update equals the one against a separately captured π_old."""
+    b = batch()
+    updated = []
+    for follow in (True, False):
+        objective = pg_objective("token-mean", use_pi_old=True)
+        trainer = LLMTrainer(tiny_gpt2(), objective, lr=1e-2, micro_batch_size=4)
+        scored: list[int] = []
+        original = objective.old_logp_cache.score
+        objective.old_logp_cache.score = functools.partial(_counting, scored, original)
+        if follow:
+            (m,) = trainer.train_on_batch(b)
+            assert scored == [] and m["train/pg/max_abs_log_ratio"] == 0.0
+        else:
+            trainer.capture_old_logp(b)
+            trainer.step(b)
+            assert sum(scored) == len(b)
+        updated.append(params(trainer.model))
+    for a, c in zip(*updated, strict=True):
+        torch.testing.assert_close(a, c, rtol=0, atol=1e-12)
 
 
 def test_update_without_capture_is_refused_up_front():
@@ -153,8 +184,8 @@ def test_metrics_are_adapted_and_trainer_metrics_present():
         "train/loss",
         "train/grad_norm",
         "train/lr",
-        "train/step_time_s",
-        "train/tokens_per_s",
+        "train/tokens",
+        "train/optimizer_steps",
         "train/objective_weight",
         "train/pg/loss",
         "train/micro_batches",

@@ -143,7 +143,7 @@ class _Checker:
         self._record(
             "consults_pi_old",
             "declares old_logp_cache but ran without π_old captured; an objective must read "
-            "π_old through cache.lookup(batch) or not declare a cache",
+            "π_old through cache.old_logprobs(batch, logp) or not declare a cache",
         )
 
     def _whole(self):

@@ -125,7 +125,7 @@ def pg_objective(loss_type: str, *, max_response_length: int | None = None, use_
         adv = batch.advantages.to(logp.dtype)[:, None]
         metrics = {}
         if cache is not None:
-            log_ratio = logp - cache.lookup(batch).to(logp.dtype)
+            log_ratio = logp - cache.old_logprobs(batch, logp).to(logp.dtype)
             per_token = -adv * torch.exp(log_ratio)
             masked = log_ratio.detach()[batch.response_mask]
             metrics["max_abs_log_ratio"] = masked.abs().max() if masked.numel() else 0.0

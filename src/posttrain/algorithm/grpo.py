@@ -52,6 +52,10 @@ GRPO_METRICS = {
 }
 
 
+#: Metrics that are not token/sequence means (everything else is a weighted mean).
+GRPO_REDUCTIONS = {"ratio_min": "min", "ratio_max": "max"}
+
+
 def _validate_max_len(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(
@@ -107,7 +111,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
     ``seq-mean-token-sum-fixed``) and, when ``kl_beta > 0``, ``reference_model``: the frozen
     network the entry also hands to the trainer as an auxiliary model.
     """
-    adapter = MetricAdapter(GRPO_METRICS)
+    adapter = MetricAdapter(GRPO_METRICS, reductions=GRPO_REDUCTIONS)
     if rl.grpo_surrogate == "legacy_pg":
 
         def legacy(model: nn.Module, batch: TrajectoryBatch):
@@ -152,7 +156,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
         adv = _require_advantages(batch)
         logp = response_logprobs(model, batch, temperature)
         m = batch.response_mask
-        old = batch.old_logprobs if batch.old_logprobs is not None else cache.lookup(batch)
+        old = cache.old_logprobs(batch, logp)
         per_token, metrics = clipped_policy_gradient_loss(
             logp,
             old,
@@ -164,8 +168,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
             importance_sampling_level=level,
         )
         if scorer is not None:
-            ref_logp = batch.ref_logprobs if batch.ref_logprobs is not None else scorer(batch)
-            kl = kl_penalty(logp, ref_logp, m, "k3")
+            kl = kl_penalty(logp, scorer(batch), m, "k3")
             per_token = per_token + kl_beta * kl
             metrics["kl_ref"] = masked_mean(kl.detach(), m)
         metrics["entropy_proxy"] = masked_mean(-logp.detach(), m)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-_PER_TOKEN = ("rollout_logprobs", "old_logprobs", "ref_logprobs", "teacher_logprobs")
+_PER_TOKEN = ("rollout_logprobs", "teacher_logprobs")
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,9 @@ class TrajectoryBatch:
     Required: ``input_ids`` and ``attention_mask`` ``[B, P+R]``, ``response_mask`` ``[B, R]``
     (bool: which response tokens carry loss), ``group_ids`` and ``sample_ids`` ``[B]`` (int64).
     Optional annotations: ``advantages`` ``[B]`` (one per response) or ``[B, R]``, ``rewards``
-    ``[B]``, and the per-token logprob tensors ``rollout_logprobs`` (under the sampler),
-    ``old_logprobs`` (π_old), ``ref_logprobs`` (frozen reference) and ``teacher_logprobs``.
+    ``[B]``, and the per-token logprob tensors ``rollout_logprobs`` (under the sampler) and
+    ``teacher_logprobs`` (a distillation teacher). π_old and the frozen reference are not
+    columns: an objective reads them through its ``old_logp_cache`` and ``reference_scorer``.
     """
 
     input_ids: Tensor
@@ -39,8 +40,6 @@ class TrajectoryBatch:
     advantages: Tensor | None = None
     rewards: Tensor | None = None
     rollout_logprobs: Tensor | None = None
-    old_logprobs: Tensor | None = None
-    ref_logprobs: Tensor | None = None
     teacher_logprobs: Tensor | None = None
 
     def __post_init__(self) -> None:
@@ -126,20 +125,6 @@ class TrajectoryBatch:
 
     def to(self, device: torch.device | str) -> TrajectoryBatch:
         return self.map(lambda t: t.to(device))
-
-    @staticmethod
-    def concat(batches: Sequence[TrajectoryBatch]) -> TrajectoryBatch:
-        """Stack batches that share P and R (e.g. the chunks of one collected batch)."""
-        if not batches:
-            raise ValueError("concat: no batches given")
-        out = {}
-        for f in dataclasses.fields(TrajectoryBatch):
-            vals = [getattr(b, f.name) for b in batches]
-            present = [v is not None for v in vals]
-            if any(present) and not all(present):
-                raise ValueError(f"concat: field {f.name} is set on some batches and not others")
-            out[f.name] = torch.cat(vals) if all(present) else None
-        return TrajectoryBatch(**out)
 
 
 def _expect(cond: bool, field: str, msg: str) -> None:

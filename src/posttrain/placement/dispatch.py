@@ -1,4 +1,4 @@
-"""Dispatch of a scored batch to data-parallel policy ranks, and the merge of their metrics.
+"""Dispatch of a scored batch to data-parallel policy ranks.
 
 Each rank receives whole sequences (rows); group statistics such as advantages were computed by
 the reward stage while every group was complete, so a rank never needs rows it does not hold.
@@ -13,15 +13,8 @@ the single-rank one (up to the order of floating-point sums).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.trainer.accumulate import split_evenly
-
-#: Per-rank metrics that add up over ranks (rows, micro-batches, throughput).
-SUMMED = frozenset({"train/samples", "train/micro_batches", "train/tokens_per_s"})
-#: Per-rank metrics where the slowest rank is the step's value.
-SLOWEST = frozenset({"train/step_time_s"})
 
 
 def rank_rows(rows: int, ranks: int, mini_batches: int) -> list[list[int]]:
@@ -46,29 +39,3 @@ def shard_batch(batch: TrajectoryBatch, ranks: int, mini_batches: int) -> list[T
     if ranks == 1:
         return [batch]
     return [batch[idx] for idx in rank_rows(len(batch), ranks, mini_batches)]
-
-
-def merge_rank_metrics(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """One step record from the ranks' records.
-
-    A value every rank reports identically (the trainer's global loss, weight, gradient norm,
-    learning rate) is kept as is; :data:`SUMMED` values add up; :data:`SLOWEST` take the maximum;
-    any other rank-local value (an objective's own statistics) is averaged weighted by the rows
-    each rank trained on, which is exact for per-sequence means and close for per-token ones.
-    """
-    if len(per_rank) == 1:
-        return dict(per_rank[0])
-    rows = [float(m.get("train/samples", 1.0)) for m in per_rank]
-    out: dict[str, float] = {}
-    for key in sorted({k for m in per_rank for k in m}):
-        values = [(float(m[key]), w) for m, w in zip(per_rank, rows, strict=True) if key in m]
-        if key in SUMMED:
-            out[key] = sum(v for v, _ in values)
-        elif key in SLOWEST:
-            out[key] = max(v for v, _ in values)
-        elif all(v == values[0][0] for v, _ in values):
-            out[key] = values[0][0]
-        else:
-            total = sum(w for _, w in values)
-            out[key] = sum(v * w for v, w in values) / total if total else values[0][0]
-    return out

@@ -37,7 +37,7 @@ except ImportError as e:  # an optional extra
     ) from e
 
 from posttrain.entrypoints.common import BuilderError, check_builder
-from posttrain.placement.dispatch import merge_rank_metrics, shard_batch
+from posttrain.placement.dispatch import shard_batch
 from posttrain.placement.errors import RoleFailedError
 from posttrain.placement.ray_host import (
     GroupSpec,
@@ -164,7 +164,8 @@ class RayPolicy:
 
     def train(self, batch) -> dict[str, float]:
         shards = shard_batch(batch, len(self.names), self.mini_batches)
-        return merge_rank_metrics(self._all("train", [(s,) for s in shards]))
+        # The trainer makes every metric global over ranks (as each declares): rank 0 speaks.
+        return self._all("train", [(s,) for s in shards])[0]
 
     def save(self, step: int, data_state) -> str:
         return self._all("save", [(step, data_state)] * len(self.names))[0]

@@ -32,21 +32,6 @@ def resolve(config_path: str, opts: Sequence[str]) -> PosttrainConfig:
     return load_config(config_path, ["--", *opts])
 
 
-#: Per-mini-batch counts that add up over a collected batch, and values where the last one counts.
-_SUMMED = ("train/samples", "train/skipped_nonfinite", "train/skipped_empty")
-_LAST = ("train/step", "train/lr", "train/skipped_nonfinite_total")
-
-
-def mean_metrics(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """One record for the step: counts summed, counters and lr from the last mini-batch,
-    everything else averaged over the mini-batches."""
-    out: dict[str, float] = {}
-    for k in {k for r in rows for k in r}:
-        vals = [float(r[k]) for r in rows if k in r]
-        out[k] = sum(vals) if k in _SUMMED else vals[-1] if k in _LAST else sum(vals) / len(vals)
-    return out
-
-
 class PolicyRole:
     """Owns the policy model, its objective, the trainer and checkpoints (one data-parallel rank)."""
 
@@ -103,7 +88,7 @@ class PolicyRole:
         rows = self.trainer.train_on_batch(
             batch, mini_batches=self.config.rl.mini_batch_per_replica
         )
-        return mean_metrics(rows)
+        return self.trainer.merge(rows)
 
     def weights(self) -> dict[str, Tensor]:
         """The policy's weights for sync, as CPU tensors (they travel between processes).

@@ -1,4 +1,5 @@
-"""Trainer: placement, optimizer, precision, exact accumulation, π_old, checkpoints and resume."""
+"""Trainer core (placement, optimizer, precision, exact accumulation, checkpoints and resume)
+and the LLM layer on it (π_old, token counts)."""
 
 from posttrain.trainer.accumulate import (
     Accumulation,
@@ -8,6 +9,7 @@ from posttrain.trainer.accumulate import (
 )
 from posttrain.trainer.checkpoint import RESUME_MODES, CheckpointManager, ResumeState
 from posttrain.trainer.compat import RESUME_MUTABLE_KEYS
+from posttrain.trainer.core import Trainer
 from posttrain.trainer.errors import (
     CheckpointError,
     NondeterministicForwardError,
@@ -17,7 +19,7 @@ from posttrain.trainer.errors import (
     ResumeError,
     TrainerError,
 )
-from posttrain.trainer.trainer import LLMTrainer
+from posttrain.trainer.llm import LLMTrainer
 
 __all__ = [
     "RESUME_MODES",
@@ -32,6 +34,7 @@ __all__ = [
     "PoisonedStateError",
     "ResumeError",
     "ResumeState",
+    "Trainer",
     "TrainerError",
     "accumulate_gradients",
     "row_chunks",

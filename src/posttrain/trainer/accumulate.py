@@ -23,9 +23,11 @@ from torch import Tensor, nn
 from posttrain.algorithm.primitives.objective import (
     CONTROL_METRICS,
     OBJECTIVE_WEIGHT_SUM,
+    MetricReduce,
     Objective,
     ObjectiveContractError,
     Reduction,
+    combine,
 )
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.trainer import distributed as dp
@@ -38,9 +40,10 @@ class Accumulation:
     ``loss`` and ``weight`` are global over ranks: for TOKEN_SUM ``loss`` is
     sum(numerators)/sum(weights) and ``weight`` the global weight; for MEAN ``loss`` is the mean
     over ranks of each rank's chunk mean and ``weight`` the number of contributing ranks.
-    ``metrics`` are this rank's objective metrics (raw names), combined over its chunks: weighted
-    by chunk weight for TOKEN_SUM, a plain mean for MEAN. ``empty`` means a TOKEN_SUM step whose
-    global weight is zero: there is nothing to learn from and the gradients are zero.
+    ``metrics`` are the objective's metrics (raw names), combined over chunks and ranks as the
+    metric adapter declares (``mean`` weighted by chunk weight for TOKEN_SUM, plain for MEAN).
+    ``empty`` means a TOKEN_SUM step whose global weight is zero: there is nothing to learn from
+    and the gradients are zero.
     """
 
     loss: float
@@ -82,23 +85,69 @@ def _scalar(name: str, value: Any) -> float:
     raise ObjectiveContractError(f"metric {name!r} must be a number, got {type(value).__name__}")
 
 
-class _MetricMeans:
-    """Weighted means of per-chunk metrics; a chunk only counts for the names it reports."""
+class MetricAccumulator:
+    """Per-chunk metrics combined as each metric declares (see ``MetricAdapter.reductions``).
 
-    def __init__(self) -> None:
-        self._sum: dict[str, float] = {}
-        self._weight: dict[str, float] = {}
+    ``mean`` is weighted by the chunk's weight (its objective weight for TOKEN_SUM, 1 for MEAN);
+    ``sum``/``max``/``min`` are exact; ``last`` keeps the latest chunk's value. A chunk counts
+    only for the names it reports. :meth:`all_reduce` makes the values global over ranks with
+    the same declarations, so a rank-merged ``max`` is the true global maximum.
+    """
 
-    def add(self, metrics: Mapping[str, Any], weight: float) -> None:
+    def __init__(self, reductions: Mapping[str, MetricReduce] | Callable[[str], MetricReduce]):
+        self._reduce = reductions if callable(reductions) else lambda n: reductions.get(n, "mean")
+        self._values: dict[str, list[float]] = {}
+        self._weights: dict[str, list[float]] = {}
+
+    def add(self, metrics: Mapping[str, Any], weight: float = 1.0) -> None:
         for name, value in metrics.items():
             if name in CONTROL_METRICS:
                 continue
-            v = _scalar(name, value)
-            self._sum[name] = self._sum.get(name, 0.0) + v * weight
-            self._weight[name] = self._weight.get(name, 0.0) + weight
+            self._values.setdefault(name, []).append(_scalar(name, value))
+            self._weights.setdefault(name, []).append(float(weight))
 
     def result(self) -> dict[str, float]:
-        return {k: (s / self._weight[k] if self._weight[k] else s) for k, s in self._sum.items()}
+        return {
+            name: combine(self._reduce(name), vals, self._weights[name])
+            for name, vals in self._values.items()
+        }
+
+    def all_reduce(self) -> dict[str, float]:
+        """:meth:`result` over every rank (one collective per reduction kind in use)."""
+        local = self.result()
+        if not dp.is_distributed():
+            return local
+        names = sorted(local)
+        lo, hi = dp.all_reduce_floats([-len(names), len(names)], "max")
+        if -lo != hi:
+            raise ObjectiveContractError(
+                "ranks report different objective metric names; an objective must report the "
+                "same metrics for every chunk shape"
+            )
+        out: dict[str, float] = {}
+        by_kind: dict[str, list[str]] = {}
+        for name in names:
+            by_kind.setdefault(self._reduce(name), []).append(name)
+        for kind, group in by_kind.items():
+            if kind == "mean":
+                weights = [sum(self._weights[n]) for n in group]
+                sums = dp.all_reduce_floats(
+                    [local[n] * w for n, w in zip(group, weights, strict=True)] + weights
+                )
+                k = len(group)
+                out.update({n: sums[i] / sums[k + i] if sums[k + i] else local[n]
+                            for i, n in enumerate(group)})  # fmt: skip
+            else:
+                out.update(zip(group, _all_reduce_kind(kind, [local[n] for n in group]),
+                               strict=True))  # fmt: skip
+        return out
+
+
+def _all_reduce_kind(kind: str, values: list[float]) -> list[float]:
+    if kind == "last":  # the last rank's value, as the last chunk's is within a rank
+        mine = dp.rank() == dp.world_size() - 1
+        return dp.all_reduce_floats([v if mine else 0.0 for v in values])
+    return dp.all_reduce_floats(values, kind)
 
 
 def _materialise_grads(params: Sequence[nn.Parameter]) -> None:
@@ -128,7 +177,7 @@ def accumulate_gradients(
 
 def _token_sum(model, objective, chunks, params, forward_context) -> Accumulation:
     numerator, weight = 0.0, 0.0
-    means = _MetricMeans()
+    means = MetricAccumulator(objective.metric_adapter.reduction)
     for chunk in chunks:
         with forward_context():
             loss, metrics = objective(model, chunk)
@@ -146,14 +195,14 @@ def _token_sum(model, objective, chunks, params, forward_context) -> Accumulatio
     if weight == 0:
         for p in params:
             p.grad.zero_()
-        return Accumulation(0.0, 0.0, len(chunks), means.result(), empty=True)
+        return Accumulation(0.0, 0.0, len(chunks), means.all_reduce(), empty=True)
     torch._foreach_div_([p.grad for p in params], weight)
-    return Accumulation(numerator / weight, weight, len(chunks), means.result())
+    return Accumulation(numerator / weight, weight, len(chunks), means.all_reduce())
 
 
 def _mean(model, objective, chunks, params, forward_context) -> Accumulation:
     total = 0.0
-    means = _MetricMeans()
+    means = MetricAccumulator(objective.metric_adapter.reduction)
     n = len(chunks)
     for chunk in chunks:
         with forward_context():
@@ -166,7 +215,7 @@ def _mean(model, objective, chunks, params, forward_context) -> Accumulation:
     _materialise_grads(params)
     dp.all_reduce_grads_(params)
     if contributing == 0:
-        return Accumulation(0.0, 0.0, 0, means.result(), empty=True)
+        return Accumulation(0.0, 0.0, 0, means.all_reduce(), empty=True)
     if contributing != 1:
         torch._foreach_div_([p.grad for p in params], contributing)
-    return Accumulation(loss_sum / contributing, contributing, n, means.result())
+    return Accumulation(loss_sum / contributing, contributing, n, means.all_reduce())

@@ -30,10 +30,10 @@ import torch
 
 from posttrain.trainer import distributed as dp
 from posttrain.trainer.compat import RESUME_MUTABLE_KEYS, check_resume_compatible
+from posttrain.trainer.core import Trainer
 from posttrain.trainer.errors import CheckpointError, PoisonedStateError, ResumeError
 from posttrain.trainer.model_io import load_model_dir, save_model_dir
 from posttrain.trainer.rng import get_rng_state, set_rng_state
-from posttrain.trainer.trainer import LLMTrainer
 
 FORMAT_VERSION = 1
 COMPLETE = "COMPLETE"
@@ -136,7 +136,7 @@ class CheckpointManager:
     def save(
         self,
         step: int,
-        trainer: LLMTrainer,
+        trainer: Trainer,
         *,
         config: Mapping[str, Any],
         data_state: Any = None,
@@ -195,7 +195,7 @@ class CheckpointManager:
 
     # -- load / resume ---------------------------------------------------------------------
     def load(
-        self, path: str | os.PathLike, trainer: LLMTrainer, *, config: Mapping[str, Any]
+        self, path: str | os.PathLike, trainer: Trainer, *, config: Mapping[str, Any]
     ) -> ResumeState:
         """Restore model, trainer state and this rank's RNG from ``path`` after compat checks."""
         path = Path(path)
@@ -230,7 +230,7 @@ class CheckpointManager:
         return ResumeState(path, int(meta["step"]), data_state, meta["config"])
 
     def resume(
-        self, trainer: LLMTrainer, *, mode: str, config: Mapping[str, Any]
+        self, trainer: Trainer, *, mode: str, config: Mapping[str, Any]
     ) -> ResumeState | None:
         """Apply a resume mode; returns the loaded state, or None when starting fresh.
 
@@ -256,7 +256,7 @@ class CheckpointManager:
         return self.load(latest, trainer, config=config)
 
 
-def _refuse_poisoned(trainer: LLMTrainer) -> None:
+def _refuse_poisoned(trainer: Trainer) -> None:
     for name, p in trainer.model.named_parameters():
         if not torch.isfinite(p).all():
             raise PoisonedStateError(f"refusing to save: parameter {name} holds NaN or inf")

@@ -6,6 +6,11 @@ import torch
 from torch import Tensor
 
 
+class ObjectiveContractError(ValueError):
+    """An objective broke the contract (missing weight, non-scalar loss, unmapped metric), or
+    was called without what it declared it needs (π_old not armed for these rows)."""
+
+
 def check_finite(name: str, t: Tensor) -> None:
     if not t.is_floating_point():
         raise ValueError(f"{name} must be a floating tensor, got {t.dtype}")

@@ -11,13 +11,15 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
 
+from posttrain.algorithm.primitives._checks import ObjectiveContractError
+from posttrain.algorithm.primitives.old_logp import OldLogpCache
 from posttrain.data.logprobs import response_logprobs
 from posttrain.data.trajectory import TrajectoryBatch
 
@@ -26,10 +28,6 @@ OBJECTIVE_WEIGHT_SUM = "objective/weight_sum"
 
 #: Control metrics the trainer consumes; they never need a mapping.
 CONTROL_METRICS = frozenset({OBJECTIVE_WEIGHT_SUM})
-
-
-class ObjectiveContractError(ValueError):
-    """An objective broke the contract (missing weight, non-scalar loss, unmapped metric)."""
 
 
 class Reduction(enum.Enum):
@@ -45,22 +43,51 @@ class Reduction(enum.Enum):
     TOKEN_SUM = "token_sum"
 
 
+#: How a metric combines over micro-batches, optimizer steps and data-parallel ranks.
+MetricReduce = Literal["mean", "sum", "max", "min", "last"]
+METRIC_REDUCES: tuple[str, ...] = get_args(MetricReduce)
+
+
 @dataclass(frozen=True)
 class MetricAdapter:
-    """Maps algorithm-local metric names to stable public names under ``train/`` or ``val/``.
+    """Maps algorithm-local metric names to stable public names under ``train/`` or ``val/``,
+    and declares how each one combines.
 
     ``mapping`` is local name -> public suffix (``"clip_frac_low" -> "pg/clip_frac_low"``).
+    ``reductions`` is local name -> ``mean`` (the default; weighted by the chunk's objective
+    weight), ``sum``, ``max``, ``min`` or ``last``; every merge (micro-batches, optimizer steps,
+    ranks) reads it here, so an extreme stays a true extreme and a count stays a count.
     A name neither mapped, ignored nor a control metric raises, so renamed internals can't leak.
     """
 
     mapping: Mapping[str, str] = field(default_factory=dict)
     ignore: frozenset[str] = frozenset()
+    reductions: Mapping[str, MetricReduce] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         both = set(self.mapping) & set(self.ignore)
         if both:
             raise ObjectiveContractError(f"MetricAdapter: {sorted(both)} both mapped and ignored")
+        unknown = sorted(set(self.reductions) - set(self.mapping))
+        if unknown:
+            raise ObjectiveContractError(
+                f"MetricAdapter: reductions declared for unmapped metrics {unknown}"
+            )
+        bad = {k: v for k, v in self.reductions.items() if v not in METRIC_REDUCES}
+        if bad:
+            raise ObjectiveContractError(
+                f"MetricAdapter: reductions {bad} must be one of {METRIC_REDUCES}"
+            )
         object.__setattr__(self, "ignore", frozenset(self.ignore))
+        object.__setattr__(self, "reductions", dict(self.reductions))
+
+    def reduction(self, name: str) -> MetricReduce:
+        """How the local metric ``name`` combines (``mean`` unless declared)."""
+        return self.reductions.get(name, "mean")
+
+    def public_reductions(self, split: str = "train") -> dict[str, MetricReduce]:
+        """Public name -> reduction, for merges that happen after :meth:`adapt`."""
+        return {f"{split}/{pub}": self.reduction(name) for name, pub in self.mapping.items()}
 
     def adapt(self, metrics: Mapping[str, Any], split: str = "train") -> dict[str, Any]:
         if split not in ("train", "val"):
@@ -78,66 +105,37 @@ class MetricAdapter:
                 )
         return out
 
-    def extended(self, mapping: Mapping[str, str] = (), ignore=()) -> MetricAdapter:
+    def extended(self, mapping: Mapping[str, str] = (), ignore=(), reductions=()) -> MetricAdapter:
         """A copy with more names: how a wrapper keeps its base objective's public metrics."""
-        return MetricAdapter({**self.mapping, **dict(mapping)}, self.ignore | frozenset(ignore))
+        return MetricAdapter(
+            {**self.mapping, **dict(mapping)},
+            self.ignore | frozenset(ignore),
+            {**self.reductions, **dict(reductions)},
+        )
 
 
-class LogprobScorer(Protocol):
-    def __call__(self, model: nn.Module, batch: TrajectoryBatch) -> Tensor: ...
+def combine(reduce: MetricReduce, values: Sequence[float], weights: Sequence[float]) -> float:
+    """One value from several, as ``reduce`` declares (``mean`` is weighted by ``weights``).
 
-
-class OldLogpCache:
-    """Frozen π_old for one collected batch, keyed by ``sample_ids``.
-
-    The trainer calls :meth:`capture` once per collected batch, before the first update, under
-    no-grad; every mini-batch update then reads the same frozen rows through :meth:`lookup`.
-    A lookup for a sample that was never captured raises: that is the attestation that the
-    ratio is taken against the policy that produced the batch, not against itself.
+    A mean of identical values is that value exactly (a global scalar every part reports alike
+    must not drift by an ulp).
     """
-
-    def __init__(self, temperature: float = 1.0, scorer: LogprobScorer | None = None) -> None:
-        self.temperature = temperature
-        self._scorer = scorer
-        self._rows: dict[int, Tensor] = {}
-
-    def score(self, model: nn.Module, batch: TrajectoryBatch) -> Tensor:
-        if self._scorer is not None:
-            return self._scorer(model, batch)
-        return response_logprobs(model, batch, self.temperature)
-
-    @torch.no_grad()
-    def capture(self, model: nn.Module, batch: TrajectoryBatch, chunk_size: int = 0) -> None:
-        """Score ``batch`` with the current (about to be updated) policy and freeze it."""
-        self.clear()
-        size = chunk_size or len(batch)
-        for start in range(0, len(batch), size):
-            chunk = batch[start : start + size]
-            logp = self.score(model, chunk).detach()
-            for sid, row in zip(chunk.sample_ids.tolist(), logp, strict=True):
-                self._rows[sid] = row
-
-    def clear(self) -> None:
-        self._rows = {}
-
-    @property
-    def captured(self) -> bool:
-        return bool(self._rows)
-
-    def lookup(self, batch: TrajectoryBatch) -> Tensor:
-        ids = batch.sample_ids.tolist()
-        missing = [i for i in ids if i not in self._rows]
-        if missing:
-            raise ObjectiveContractError(
-                f"π_old was not captured for sample_ids {missing[:5]}: the trainer must call "
-                "old_logp_cache.capture(model, batch) before the first update of a collected batch"
-            )
-        rows = torch.stack([self._rows[i] for i in ids])
-        if rows.shape[1] != batch.response_width:
-            raise ObjectiveContractError(
-                f"π_old rows have width {rows.shape[1]} but the batch has R={batch.response_width}"
-            )
-        return rows
+    if not values:
+        raise ValueError("combine: no values")
+    if reduce == "sum":
+        return float(sum(values))
+    if reduce == "max":
+        return float(max(values))
+    if reduce == "min":
+        return float(min(values))
+    if reduce == "last":
+        return float(values[-1])
+    if all(v == values[0] for v in values):
+        return float(values[0])
+    total = float(sum(weights))
+    if total == 0:
+        return float(sum(values) / len(values))
+    return float(sum(v * w for v, w in zip(values, weights, strict=True)) / total)
 
 
 class ReferenceScorer:

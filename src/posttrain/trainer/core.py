@@ -1,12 +1,14 @@
-"""LLMTrainer: placement, optimizer, precision, exact accumulation and π_old for one policy.
+"""Trainer: placement, optimizer, precision and exact accumulation for one model and objective.
 
 The trainer owns everything around the loss and nothing inside it: the objective computes
 ``(loss, metrics)`` for a chunk of rows; the trainer decides how chunks and ranks combine
-(``accumulate.py``), when π_old is frozen (``pi_old.py``), and what an optimizer step is.
+(``accumulate.py``) and what an optimizer step is. It knows nothing about language models: a
+batch is anything with ``len()``, row slicing and ``.to(device)``. What is LLM-specific (π_old,
+token counts) is the thin layer in ``llm.py``; the diffusion objective runs on this core as is.
 
 Usage::
 
-    trainer = LLMTrainer(model, objective, lr=1e-6, micro_batch_size=4)
+    trainer = Trainer(model, objective, lr=1e-4, micro_batch_size=4)
     metrics = trainer.train_on_batch(collected, mini_batches=2)  # one dict per optimizer step
 """
 
@@ -14,36 +16,68 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 import warnings
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, Self
 
 import torch
 from torch import nn
 
-from posttrain.algorithm.primitives.objective import Objective, ObjectiveContractError, Reduction
-from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.algorithm.primitives.objective import (
+    MetricReduce,
+    Objective,
+    ObjectiveContractError,
+    Reduction,
+    combine,
+)
 from posttrain.trainer import distributed as dp
 from posttrain.trainer.accumulate import accumulate_gradients, row_chunks, split_evenly
 from posttrain.trainer.errors import NonFiniteTrainingError
 from posttrain.trainer.optim import build_optimizer, build_scheduler
-from posttrain.trainer.pi_old import PiOldGuard
 
 PRECISIONS = ("float32", "bfloat16")
 
+#: The trainer's own metrics and how each combines over the optimizer steps of one collected
+#: batch (values are already global over ranks: counts are all-reduced, the rest is global).
+TRAINER_METRICS: dict[str, MetricReduce] = {
+    "train/optimizer_steps": "last",
+    "train/loss": "mean",
+    "train/grad_norm": "mean",
+    "train/lr": "last",
+    "train/micro_batches": "sum",
+    "train/samples": "sum",
+    "train/skipped_nonfinite": "sum",
+    "train/skipped_nonfinite_total": "last",
+    "train/skipped_empty": "sum",
+    "train/objective_weight": "sum",
+}
 
-class LLMTrainer:
-    """Trains one policy model with one :class:`Objective`.
+
+class Batch(Protocol):
+    """What the trainer needs of a batch: its rows, row slices and a device move."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, idx: slice) -> Self: ...
+    def to(self, device: torch.device | str) -> Self: ...
+
+
+def merge_steps(rows: Sequence[Mapping[str, float]], reductions: Mapping[str, MetricReduce]):
+    """One record from several optimizer steps' records, each metric as it declares."""
+    out: dict[str, float] = {}
+    for key in sorted({k for r in rows for k in r}):
+        vals = [float(r[key]) for r in rows if key in r]
+        out[key] = combine(reductions.get(key, "mean"), vals, [1.0] * len(vals))
+    return out
+
+
+class Trainer:
+    """Trains one model with one :class:`Objective`.
 
     ``precision="float32"`` computes in the parameters' own dtype (no autocast; tests use
     float64 models); ``"bfloat16"`` runs forwards under bf16 autocast with full-precision master
     weights. ``auxiliary_models`` (e.g. the frozen reference behind a ``ReferenceScorer``) are
     moved to the trainer's device, put in eval mode and frozen; they are never optimised.
     ``max_consecutive_nonfinite`` consecutive skipped steps stop the run.
-    ``certified_deterministic_forward`` claims that scoring the same rows twice is bit-identical:
-    π_old is then captured in exactly the micro-batches of the first update and the claim is
-    checked once per collected batch, so the first update's importance ratio is exactly 1.
 
     Data parallel: when ``torch.distributed`` is initialised, every rank constructs the trainer
     and calls ``train_on_batch``/``step`` together on its own shard (rows and tokens may differ);
@@ -68,7 +102,6 @@ class LLMTrainer:
         precision: str = "float32",
         gradient_checkpointing: bool = False,
         max_consecutive_nonfinite: int = 3,
-        certified_deterministic_forward: bool = False,
         auxiliary_models: Sequence[nn.Module] = (),
         device: torch.device | str | None = None,
     ) -> None:
@@ -94,7 +127,6 @@ class LLMTrainer:
         self.grad_clip = grad_clip
         self.precision = precision
         self.max_consecutive_nonfinite = max_consecutive_nonfinite
-        self.certified_deterministic_forward = certified_deterministic_forward
         self.auxiliary_models = tuple(auxiliary_models)
         self._place_auxiliary()
         if gradient_checkpointing:
@@ -105,7 +137,6 @@ class LLMTrainer:
             raise ValueError("the policy model has no parameters with requires_grad=True")
         self.optimizer = build_optimizer(self.params, optimizer, lr, weight_decay, betas, eps)
         self.scheduler = build_scheduler(self.optimizer, lr_schedule, warmup_steps, total_steps)
-        self.pi_old = PiOldGuard(objective.old_logp_cache)
         self.global_step = 0
         self.consecutive_nonfinite = 0
         self.skipped_nonfinite_total = 0
@@ -135,26 +166,12 @@ class LLMTrainer:
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    # -- π_old -----------------------------------------------------------------------------
-    def capture_old_logp(self, collected: TrajectoryBatch) -> None:
-        """Freeze π_old for a whole collected batch; call once before its first :meth:`step`."""
-        self.pi_old.capture(
-            self.model,
-            collected.to(self.device),
-            self.micro_batch_size,
-            self.forward_context,
-            verify_deterministic=self.certified_deterministic_forward,
-        )
-
-    def release_old_logp(self) -> None:
-        self.pi_old.release()
-
     # -- training --------------------------------------------------------------------------
-    def train_on_batch(self, collected: TrajectoryBatch, mini_batches: int = 1) -> list[dict]:
-        """Capture π_old once (if the objective consults it), then one step per mini-batch.
+    def train_on_batch(self, collected: Batch, mini_batches: int = 1) -> list[dict]:
+        """One optimizer step per mini-batch of ``collected``; one metrics dict per step.
 
         Mini-batches are contiguous, near-equal row ranges of ``collected`` (shuffle before
-        calling if you want them random). Returns one metrics dict per optimizer step.
+        calling if you want them random).
         """
         if mini_batches < 1:
             raise ValueError(f"mini_batches must be >= 1, got {mini_batches}")
@@ -174,25 +191,39 @@ class LLMTrainer:
             )
         collected = collected.to(self.device)
         minis = [collected[s] for s in split_evenly(len(collected), mini_batches)]
-        if self.certified_deterministic_forward:
-            sizes = [len(m) for m in minis]
-            if any(n % self.micro_batch_size for n in sizes):
-                raise ValueError(
-                    f"certified_deterministic_forward needs every mini-batch size {sizes} to be a "
-                    f"multiple of micro_batch_size={self.micro_batch_size}, so π_old is scored in "
-                    "the same micro-batches as the update"
-                )
-        if self.pi_old.consults_pi_old:
-            self.capture_old_logp(collected)
+        self.begin_collected(collected, minis)
         try:
             return [self.step(mb) for mb in minis]
         finally:
-            self.pi_old.release()
+            self.end_collected()
 
-    def step(self, batch: TrajectoryBatch) -> dict[str, Any]:
+    # Hooks of a layer on top (llm.py): a collected batch begins and ends, an update is about
+    # to run on a batch, and what a batch adds to the step's metrics.
+    def begin_collected(self, collected: Batch, minis: Sequence[Batch]) -> None:
+        """Called once per collected batch, before its first update."""
+
+    def end_collected(self) -> None:
+        """Called once per collected batch, after its last update (also on failure)."""
+
+    def before_update(self, batch: Batch) -> None:
+        """Called before any forward of an update; raise to refuse it."""
+
+    def batch_metrics(self, batch: Batch) -> dict[str, float]:
+        """Metrics of an update's batch beyond the trainer's own (global over ranks)."""
+        return {}
+
+    @property
+    def metric_reductions(self) -> dict[str, MetricReduce]:
+        """Public metric name -> how it combines over the optimizer steps of a collected batch."""
+        return {**TRAINER_METRICS, **self.objective.metric_adapter.public_reductions("train")}
+
+    def merge(self, rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
+        """The record of a collected batch from its optimizer steps' records."""
+        return merge_steps(rows, self.metric_reductions)
+
+    def step(self, batch: Batch) -> dict[str, Any]:
         """One optimizer step over ``batch`` split into micro-batches; returns public metrics."""
-        self.pi_old.attest(batch)
-        start = time.perf_counter()
+        self.before_update(batch)
         batch = batch.to(self.device)
         self.optimizer.zero_grad(set_to_none=True)
         chunks = [batch[s] for s in row_chunks(len(batch), self.micro_batch_size)]
@@ -221,8 +252,7 @@ class LLMTrainer:
             self.consecutive_nonfinite = 0
         step = self.global_step
         self.global_step += 1
-        elapsed = time.perf_counter() - start
-        metrics = self._step_metrics(step, acc, grad_norm, lr, nonfinite, batch, elapsed)
+        metrics = self._step_metrics(step, acc, grad_norm, lr, nonfinite, batch)
         clash = sorted(set(public) & set(metrics))
         if clash:
             raise ObjectiveContractError(
@@ -268,23 +298,22 @@ class LLMTrainer:
             stacklevel=3,
         )
 
-    def _step_metrics(self, step, acc, grad_norm, lr, nonfinite, batch, elapsed) -> dict:
-        tokens = int(batch.attention_mask.sum())
+    def _step_metrics(self, step, acc, grad_norm, lr, nonfinite, batch) -> dict:
+        rows, chunks = dp.all_reduce_floats([len(batch), acc.num_chunks])
         out: dict[str, Any] = {
-            "train/step": step,
+            "train/optimizer_steps": self.global_step,
             "train/loss": acc.loss,
             "train/grad_norm": grad_norm,
             "train/lr": lr,
-            "train/micro_batches": acc.num_chunks,
-            "train/samples": len(batch),
+            "train/micro_batches": int(chunks),
+            "train/samples": int(rows),
             "train/skipped_nonfinite": int(nonfinite),
             "train/skipped_nonfinite_total": self.skipped_nonfinite_total,
             "train/skipped_empty": int(acc.empty and not nonfinite),
-            "train/step_time_s": elapsed,
-            "train/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
         }
         if self.objective.reduction is Reduction.TOKEN_SUM:
             out["train/objective_weight"] = acc.weight
+        out.update(self.batch_metrics(batch))
         return out
 
     # -- state -----------------------------------------------------------------------------

@@ -1,0 +1,107 @@
+"""LLMTrainer: the language-model layer on the trainer core — when π_old is armed, token counts.
+
+An objective that declares an ``old_logp_cache`` measures importance ratios against the policy
+that produced the collected batch (``algorithm/primitives/old_logp.py`` says what it sees). This
+layer decides *when*: once per collected batch, before its first update.
+
+- One mini-batch (each row is updated once): the cache follows the policy; π_old is the update's
+  own forward, detached, so no scoring forward runs and the first ratio is exactly 1.
+- Several mini-batches: π_old is scored once, frozen, in micro-batches of ``micro_batch_size``.
+  With ``certified_deterministic_forward`` the first micro-batch is scored a second time and must
+  match bit for bit, which is what makes the first update's ratio exactly 1 there too.
+
+Every update is refused before any forward unless the cache was armed for exactly its rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from posttrain.algorithm.primitives.objective import MetricReduce
+from posttrain.algorithm.primitives.old_logp import PiOldError
+from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.trainer import distributed as dp
+from posttrain.trainer.core import Trainer
+from posttrain.trainer.errors import NondeterministicForwardError, PiOldNotCapturedError
+
+
+class LLMTrainer(Trainer):
+    """A :class:`Trainer` for causal language models trained on :class:`TrajectoryBatch`.
+
+    ``certified_deterministic_forward`` claims that scoring the same rows twice is bit-identical;
+    a frozen π_old is then captured in exactly the micro-batches of the first update, and every
+    mini-batch must be a multiple of ``micro_batch_size``.
+    """
+
+    def __init__(self, *args: Any, certified_deterministic_forward: bool = False, **kw: Any):
+        super().__init__(*args, **kw)
+        self.certified_deterministic_forward = certified_deterministic_forward
+
+    @property
+    def old_logp_cache(self):
+        return self.objective.old_logp_cache
+
+    def begin_collected(self, collected: TrajectoryBatch, minis: Sequence[TrajectoryBatch]):
+        if self.certified_deterministic_forward:
+            sizes = [len(m) for m in minis]
+            if any(n % self.micro_batch_size for n in sizes):
+                raise ValueError(
+                    f"certified_deterministic_forward needs every mini-batch size {sizes} to be a "
+                    f"multiple of micro_batch_size={self.micro_batch_size}, so π_old is scored in "
+                    "the same micro-batches as the update"
+                )
+        if self.old_logp_cache is None:
+            return
+        if len(minis) == 1:
+            self.old_logp_cache.follow_policy(collected)
+        else:
+            self.capture_old_logp(collected)
+
+    def capture_old_logp(self, collected: TrajectoryBatch) -> None:
+        """Freeze π_old for a whole collected batch; call once before its first :meth:`step`."""
+        cache = self.old_logp_cache
+        if cache is None:
+            raise ValueError("the objective declares no old_logp_cache; there is no π_old")
+        collected = collected.to(self.device)
+        with self.forward_context():
+            cache.capture(self.model, collected, chunk_size=self.micro_batch_size)
+        if self.certified_deterministic_forward and len(collected):
+            self._verify_deterministic(collected[0 : min(self.micro_batch_size, len(collected))])
+
+    @torch.no_grad()
+    def _verify_deterministic(self, chunk: TrajectoryBatch) -> None:
+        cache = self.old_logp_cache
+        with self.forward_context():
+            again = cache.score(self.model, chunk)
+        frozen = cache.old_logprobs(chunk, again)
+        mask = chunk.response_mask
+        if not torch.equal(again[mask], frozen[mask]):
+            diff = (again[mask] - frozen[mask]).abs().max().item()
+            raise NondeterministicForwardError(
+                "certified_deterministic_forward=True, but scoring the same rows twice gave "
+                f"logprobs differing by up to {diff:.3e}; the first update's ratio would not be 1. "
+                "Use deterministic kernels or set certified_deterministic_forward=False"
+            )
+
+    def end_collected(self) -> None:
+        if self.old_logp_cache is not None:
+            self.old_logp_cache.clear()
+
+    def before_update(self, batch: TrajectoryBatch) -> None:
+        if self.old_logp_cache is None:
+            return
+        try:
+            self.old_logp_cache.attest(batch)
+        except PiOldError as e:
+            raise PiOldNotCapturedError(str(e)) from None
+
+    def batch_metrics(self, batch: TrajectoryBatch) -> dict[str, float]:
+        (tokens,) = dp.all_reduce_floats([int(batch.attention_mask.sum())])
+        return {"train/tokens": int(tokens)}
+
+    @property
+    def metric_reductions(self) -> dict[str, MetricReduce]:
+        return {**super().metric_reductions, "train/tokens": "sum"}
