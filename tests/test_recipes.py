@@ -16,6 +16,7 @@ EXPECTED_WARNINGS = {
     "gspo_qwen3b_gsm8k": ["model.dtype=bfloat16 at rl.importance_sampling_level=sequence"],
     "smollm2_reasoning_gym": [],
     "arithmetic_clipped": [],
+    "dpo_shapes": [],
 }
 
 

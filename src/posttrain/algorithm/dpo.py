@@ -127,7 +127,10 @@ def make_dpo_objective(
         }
         return loss, metrics
 
-    adapter = MetricAdapter({name: f"dpo/{name}" for name in _DPO_METRICS})
+    adapter = MetricAdapter(
+        {name: f"dpo/{name}" for name in _DPO_METRICS},
+        reductions=dict.fromkeys(_DPO_METRICS, "mean"),  # per-pair means: equal chunks, exact
+    )
     identity: dict[str, Any] = {
         "algorithm": "diffusion_dpo",
         "beta": beta,

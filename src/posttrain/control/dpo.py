@@ -32,7 +32,7 @@ def dpo_reads_no_online_knobs(cfg: PosttrainConfig) -> str | None:
         return None
     return (
         f"{are(knobs)} never read by job.algorithm={cfg.job.algorithm} (Diffusion DPO trains "
-        "offline on dpo.pairs_path); reset them to their defaults"
+        "offline on dpo.pairs_path); reset to the defaults"
     )
 
 

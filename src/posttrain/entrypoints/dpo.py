@@ -39,7 +39,7 @@ from posttrain.data.pairs import load_pairs, write_grid
 from posttrain.entrypoints.common import default_out_dir, write_resolved_config
 from posttrain.metrics import open_sinks
 from posttrain.model.diffusion import alphas_cumprod, unet_config
-from posttrain.trainer import LLMTrainer
+from posttrain.trainer import Trainer
 from posttrain.trainer.compat import differing_keys
 from posttrain.trainer.errors import ResumeError
 
@@ -52,7 +52,7 @@ EVAL_SEED = 10_000_000
 
 def build_trainer(
     config: PosttrainConfig, unet: nn.Module, scheduler: Any, device: str | None = None
-) -> LLMTrainer:
+) -> Trainer:
     """DPO's assembly boundary: config -> objective (and its frozen reference) -> trainer.
 
     The reference is a deep copy of the starting model, handed to the trainer as an auxiliary
@@ -72,7 +72,7 @@ def build_trainer(
     else:
         objective = make_denoising_objective(alphas_cumprod=alphas)
     rl = config.rl
-    return LLMTrainer(
+    return Trainer(
         unet, objective, lr=rl.lr, micro_batch_size=rl.micro_batch_size,
         optimizer=rl.optimizer, weight_decay=rl.weight_decay,
         betas=(rl.adam_beta1, rl.adam_beta2), grad_clip=rl.grad_clip,
@@ -198,26 +198,16 @@ def train_from_cli(config_path: str, opts: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``posttrain dpo --config RECIPE -- OVERRIDES`` and its tools (``pretrain``, ``make-pairs``)."""
+    """``posttrain dpo --config RECIPE -- OVERRIDES`` (also ``python -m``) and its tools."""
     from posttrain.entrypoints.cli import run_guarded, split_argv
-    from posttrain.entrypoints.dpo_tools import add_tools
+    from posttrain.entrypoints.dpo_cli import add_arguments, dispatch
 
     head, overrides = split_argv(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="posttrain dpo")
     add_arguments(parser)
-    add_tools(parser)
     args = parser.parse_args(head)
     return run_guarded(lambda: dispatch(args, overrides))
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="RECIPE",
-                        help="recipe .py file, saved .yaml/.json config, or built-in recipe name")  # fmt: skip
-
-
-def dispatch(args: argparse.Namespace, overrides: list[str]) -> int:
-    if getattr(args, "tool", None):
-        return args.tool(args)
-    if not args.config:
-        raise ConfigError("posttrain dpo needs --config RECIPE (or a tool: pretrain, make-pairs)")
-    return train_from_cli(args.config, overrides)
+if __name__ == "__main__":
+    raise SystemExit(main())

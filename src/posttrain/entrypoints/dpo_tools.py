@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from posttrain.algorithm.dpo import make_denoising_objective
-from posttrain.config.dpo import DPOConfig
 from posttrain.data import shapes
 from posttrain.data.images import ImageBatch, step_seeds
 from posttrain.data.pairs import write_grid, write_pairs
@@ -32,7 +31,7 @@ from posttrain.model.diffusion import (
     sample,
     save_pipeline,
 )
-from posttrain.trainer import LLMTrainer
+from posttrain.trainer import Trainer
 
 log = logging.getLogger("posttrain")
 
@@ -43,7 +42,7 @@ def pretrain(args: argparse.Namespace) -> int:
     classes = len(shapes.CLASSES)
     unet = build_tiny_unet(args.image_size, classes, args.seed)
     scheduler = new_scheduler()
-    trainer = LLMTrainer(
+    trainer = Trainer(
         unet, make_denoising_objective(alphas_cumprod=alphas_cumprod(scheduler)), lr=args.lr,
         micro_batch_size=args.batch_size, grad_clip=1.0, lr_schedule="cosine",
         warmup_steps=min(50, args.steps // 10), total_steps=args.steps,
@@ -100,25 +99,3 @@ def make_pairs(args: argparse.Namespace) -> int:
     (out / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     print(f"pairs: {manifest} {json.dumps({k: round(v, 4) for k, v in stats.items()})}")
     return 0
-
-
-def add_tools(parser: argparse.ArgumentParser) -> None:
-    """Register ``pretrain`` and ``make-pairs`` under ``posttrain dpo``."""
-    sub = parser.add_subparsers(dest="tool_name", metavar="TOOL")
-    p = sub.add_parser("pretrain", help="train a tiny base UNet on the built-in shapes domain")
-    p.add_argument("--out", required=True, help="model folder to write (DDPMPipeline layout)")
-    p.add_argument("--steps", type=int, default=1500)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--image-size", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(tool=pretrain)
-    m = sub.add_parser("make-pairs", help="sample from a model, score, write preference pairs")
-    m.add_argument("--model", required=True, help="model folder (DDPMPipeline layout)")
-    m.add_argument("--out", required=True, help="directory for images/ and pairs.jsonl")
-    m.add_argument("--pairs-per-class", type=int, default=64)
-    m.add_argument("--candidates", type=int, default=4, help="samples per group (best vs worst)")
-    m.add_argument("--target-color", default="red", choices=list(shapes.COLORS))
-    m.add_argument("--sample-steps", type=int, default=DPOConfig.default_of("sample_steps"))
-    m.add_argument("--seed", type=int, default=1)
-    m.set_defaults(tool=make_pairs)
