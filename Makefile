@@ -5,9 +5,9 @@ BIN := $(VENV)/bin
 # The CPU torch wheel lies on disk here; the constraints file keeps pip from taking a CUDA build.
 WHEELS := $(wildcard /opt/wheels)
 PIP := $(BIN)/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
-EXTRAS ?= dev,math,reasoning,tracking,ray
+EXTRAS ?= dev,math,reasoning,tracking,ray,diffusion
 
-.PHONY: test demo loss-table lint format install docs
+.PHONY: test demo demo-dpo loss-table lint format install docs
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -43,3 +43,15 @@ demo: install
 # Every GRPO-family surrogate variant on one seeded batch, as a table (no training).
 loss-table: install
 	$(BIN)/python examples/loss_table.py
+
+DPO_DEMO := outputs/dpo/demo
+
+# Diffusion DPO on the shapes domain: pretrain a base, sample and score pairs, then DPO and
+# fine-tune-on-winners on the same pairs; prints and writes $(DPO_DEMO)/summary.json.
+demo-dpo: install
+	rm -rf $(DPO_DEMO) outputs/dpo/demo_dpo outputs/dpo/demo_sft_winners
+	$(BIN)/posttrain dpo pretrain --out $(DPO_DEMO)/base
+	$(BIN)/posttrain dpo make-pairs --model $(DPO_DEMO)/base --out $(DPO_DEMO)/pairs
+	$(BIN)/posttrain dpo --config dpo_shapes -- job.name=demo_dpo
+	$(BIN)/posttrain dpo --config dpo_shapes -- job.name=demo_sft_winners dpo.loss=sft_chosen
+	$(BIN)/python examples/dpo_demo_summary.py outputs/dpo $(DPO_DEMO)
