@@ -85,7 +85,7 @@ def make_pairs(args: argparse.Namespace) -> int:
         rows.append((int(labels[best]), images[best], images[worst]))
     out = Path(args.out)
     manifest = write_pairs(out, rows)
-    write_grid(out / "candidates.png", pixels, columns=groups * k)
+    write_grid(out / "candidates.png", pixels, columns=8 * k)
     stats = {
         "pairs": len(rows),
         "candidate_scorer_mean": float(scores.mean()),
