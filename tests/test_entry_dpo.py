@@ -22,7 +22,8 @@ def base(tmp_path_factory):
     root = tmp_path_factory.mktemp("dpo")
     save_pipeline(root / "base", build_tiny_unet(8, 3, seed=0, channels=(8, 16)), new_scheduler(50))
     args = argparse.Namespace(model=str(root / "base"), out=str(root / "pairs"), pairs_per_class=2,
-                              candidates=3, target_color="red", sample_steps=2, seed=1)  # fmt: skip
+                              candidates=3, target_color="red", sample_steps=2, seed=1,
+                              valid_only=False)  # fmt: skip
     assert dpo_tools.make_pairs(args) == 0
     return root
 

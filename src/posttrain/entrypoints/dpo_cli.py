@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--candidates", type=int, default=4, help="samples per group (best vs worst)")
     m.add_argument("--target-color", default="red", choices=COLORS)
     m.add_argument("--sample-steps", type=int, default=25, help="DDIM steps per sample")
+    m.add_argument("--valid-only", action="store_true",
+                   help="pair only candidates the validity detector accepts")  # fmt: skip
     m.add_argument("--seed", type=int, default=1)
 
 

@@ -22,7 +22,7 @@ import torch
 from posttrain.algorithm.dpo import make_denoising_objective
 from posttrain.data import shapes
 from posttrain.data.images import ImageBatch, step_seeds
-from posttrain.data.pairs import write_grid, write_pairs
+from posttrain.data.pairs import PairDataError, write_grid, write_pairs
 from posttrain.model.diffusion import (
     alphas_cumprod,
     build_tiny_unet,
@@ -68,7 +68,13 @@ def pretrain(args: argparse.Namespace) -> int:
 
 
 def make_pairs(args: argparse.Namespace) -> int:
-    """Sample, score, and write best-vs-worst pairs per group; prints the manifest path."""
+    """Sample, score, and write best-vs-worst pairs per group; prints the manifest path.
+
+    With ``--valid-only`` only candidates the validity detector accepts enter a pair (a group
+    with fewer than two is skipped), so a pair differs in the preference alone: the scorer on its
+    own prefers some degraded samples (a centred blob of mixed colours), and pairs that encode
+    that teach it.
+    """
     unet, scheduler = load_pipeline(args.model)
     classes = unet.config.num_class_embeds
     k, groups = args.candidates, args.pairs_per_class
@@ -77,24 +83,31 @@ def make_pairs(args: argparse.Namespace) -> int:
     images = sample(unet, scheduler, labels, seeds, args.sample_steps)
     pixels = shapes.from_tensor(images)
     scores = torch.tensor([shapes.preference_score(p, args.target_color) for p in pixels])
-    rows, gaps = [], []
+    valid = torch.tensor([shapes.is_valid(p, int(c)) for p, c in zip(pixels, labels, strict=True)])
+    rows, chosen, rejected = [], [], []
     for g in range(classes * groups):
         idx = torch.arange(g * k, (g + 1) * k)
+        if args.valid_only:
+            idx = idx[valid[idx]]
+        if len(idx) < 2:
+            continue
         best, worst = idx[scores[idx].argmax()], idx[scores[idx].argmin()]
-        gaps.append(float(scores[best] - scores[worst]))
+        chosen.append(int(best))
+        rejected.append(int(worst))
         rows.append((int(labels[best]), images[best], images[worst]))
+    if not rows:
+        raise PairDataError("make-pairs: no group had two usable candidates; raise --candidates")
     out = Path(args.out)
     manifest = write_pairs(out, rows)
     write_grid(out / "candidates.png", pixels, columns=8 * k)
     stats = {
         "pairs": len(rows),
         "candidate_scorer_mean": float(scores.mean()),
-        "chosen_scorer_mean": float(scores.view(-1, k).max(1).values.mean()),
-        "rejected_scorer_mean": float(scores.view(-1, k).min(1).values.mean()),
-        "mean_gap": sum(gaps) / len(gaps),
-        "candidate_validity": shapes.evaluate_images(pixels, labels.numpy(), args.target_color)[
-            "validity"
-        ],
+        "candidate_validity": float(valid.float().mean()),
+        "chosen_scorer_mean": float(scores[chosen].mean()),
+        "rejected_scorer_mean": float(scores[rejected].mean()),
+        "chosen_validity": float(valid[chosen].float().mean()),
+        "rejected_validity": float(valid[rejected].float().mean()),
     }
     (out / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     print(f"pairs: {manifest} {json.dumps({k: round(v, 4) for k, v in stats.items()})}")
