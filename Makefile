@@ -30,7 +30,7 @@ test: install lint
 
 # Regenerate the config reference from the schema; tests/test_config_reference.py fails when stale.
 docs: install
-	$(BIN)/python -m posttrain.config.reference docs/reference/config.md
+	$(BIN)/python -m posttrain.control.reference docs/reference/config.md
 
 DEMO_RUN := outputs/grpo/arithmetic_clipped
 

@@ -155,10 +155,31 @@ def test_retired_keys_are_not_aliases():
         ("rl.lr", "not of the form section.key=value"),
         ("=3", "not of the form"),
         ("rl=3", "names a whole section"),
-        ("+rl.lr=0.1", "'+'/'~' prefixes are not supported"),
-        ("~rl.lr=0.1", "write rl.lr=0.1"),
+        ("+rl.lr=0.1", "every key already exists; write rl.lr=0.1"),
+        ("~rl.lr", "every key exists; write rl.lr=@default to reset it"),
+        ("rl.lr", "or section.key=@default"),
     ],
 )
 def test_malformed_overrides(opt, fragment):
     with pytest.raises(ConfigError, match=fragment.replace("+", r"\+").replace(".", r"\.")):
         _apply(opt)
+
+
+def test_reset_to_default_restores_the_schema_default():
+    cfg = _apply("data.digits=5", "data.operators=+-", "model.tokenizer_path=tok", "rl.lr=1e-3")
+    apply_overrides(cfg, ["data.digits=@default", "data.operators=@default"])
+    apply_overrides(cfg, ["model.tokenizer_path=@default", "reward.functions=@default"])
+    assert (cfg.data.digits, cfg.data.operators) == (2, "+")
+    assert cfg.model.tokenizer_path is None and cfg.reward.functions == []
+    assert cfg.rl.lr == 1e-3  # untouched keys keep their value
+    assert (
+        _apply(
+            "data.reasoning_gym_options={a: 1}", "data.reasoning_gym_options=@default"
+        ).data.reasoning_gym_options
+        == {}
+    )
+
+
+def test_reset_of_an_unknown_key_suggests_the_nearest():
+    with pytest.raises(UnknownKeyError, match="did you mean data.digits"):
+        _apply("data.digit=@default")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from posttrain.config import all_keys, migration_lines
-from posttrain.config.reference import main, render
 from posttrain.control import RULES
+from posttrain.control.reference import main, render
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "reference" / "config.md"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import typing
 from typing import Any, Literal
 
@@ -19,7 +18,6 @@ from posttrain.config import (
     RetiredKeyError,
     UnknownKeyError,
     apply_overrides,
-    config_identity,
     from_dict,
     from_json,
     from_yaml,
@@ -156,36 +154,6 @@ def test_bad_yaml_fails_in_one_line(text, error, fragment):
     with pytest.raises(error) as info:
         from_yaml(text)
     assert fragment in str(info.value) and "\n" not in str(info.value)
-
-
-def test_identity_is_stable_and_sensitive():
-    cfg = PosttrainConfig()
-    ident = config_identity(cfg, {"loss_type": "token-mean"})
-    assert len(ident) == 64 and int(ident, 16) >= 0
-    assert config_identity(from_yaml(to_yaml(cfg)), {"loss_type": "token-mean"}) == ident
-    changed = PosttrainConfig()
-    changed.rl.epsilon_high = 0.28
-    assert config_identity(changed, {"loss_type": "token-mean"}) != ident
-    assert config_identity(cfg, {"loss_type": "seq-mean-token-mean"}) != ident
-    assert config_identity(cfg, {"a": 1, "b": 2}) == config_identity(cfg, {"b": 2, "a": 1})
-
-
-def test_identity_exclude():
-    a, b = PosttrainConfig(), PosttrainConfig()
-    b.rl.max_steps = 999
-    assert config_identity(a, {}) != config_identity(b, {})
-    assert config_identity(a, {}, exclude=["rl.max_steps"]) == config_identity(
-        b, {}, exclude=["rl.max_steps"]
-    )
-    with pytest.raises(UnknownKeyError, match="rl.max_step'"):
-        config_identity(a, {}, exclude=["rl.max_step"])
-
-
-def test_identity_rejects_unserialisable_objective_identity():
-    with pytest.raises(ConfigError, match="not JSON-serialisable"):
-        config_identity(PosttrainConfig(), {"x": object()})
-    with pytest.raises(ConfigError, match="not JSON-serialisable"):
-        config_identity(PosttrainConfig(), {"x": math.nan})
 
 
 def test_nested_errors_are_reported_once_with_the_full_key():

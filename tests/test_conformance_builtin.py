@@ -18,6 +18,7 @@ def _rl(**kw):
         grpo_surrogate="clipped", importance_sampling_level="token", epsilon_low=0.2,
         epsilon_high=0.28, lower_bound_ratio=0.0, temperature=1.0, loss_type="token-mean",
         kl_beta=0.0,
+        kl_estimator="k3",
     )  # fmt: skip
     base.update(kw)
     return SimpleNamespace(**base)

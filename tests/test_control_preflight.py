@@ -21,6 +21,7 @@ GSPO = [
 ]
 OPD = ["job.algorithm=opd"]
 DPO = ["job.algorithm=dpo", "dpo.pairs_path=pairs.jsonl"]
+CERTIFIED = ["model.certified_deterministic_forward=true"]
 JSONL = ["data.task=jsonl", "data.train_path=train.jsonl", "data.val_path=val.jsonl"]
 
 # rule name -> (overrides that trip it, a fragment of its message, overrides one step away that
@@ -43,6 +44,9 @@ CASES: list[tuple[str, list[str], str, list[str]]] = [
      ["rl.loss_type=seq-mean-token-sum"]),
     ("kl_beta_without_kl_term", [*LEGACY, "rl.kl_beta=0.1"], "rl.kl_beta=0.1 is never read",
      ["rl.kl_beta=0.1"]),
+    ("kl_estimator_without_kl_term", ["rl.kl_estimator=k1"],
+     "rl.kl_estimator=k1 is never read with rl.kl_beta=0",
+     ["rl.kl_estimator=k1", "rl.kl_beta=0.1"]),
     ("legacy_pg_sequence_level", [*LEGACY, *SEQ], "rl.importance_sampling_level=sequence is never",
      SEQ),
     ("sequence_level_dual_clip", [*GSPO, "rl.lower_bound_ratio=3"], "lower_bound_ratio=3.0 (dual",
@@ -80,6 +84,33 @@ CASES: list[tuple[str, list[str], str, list[str]]] = [
      "2 responses, fewer than placement.policy_ranks*rl.mini_batch_per_replica=4",
      ["data.prompts_per_step=2", "rollout.n=2", "placement.policy_ranks=2",
       "rl.mini_batch_per_replica=2"]),
+    ("deterministic_minis_fill_micro_batches",
+     [*CERTIFIED, "data.prompts_per_step=3", "rollout.n=4", "rl.mini_batch_per_replica=2"],
+     "rl.micro_batch_size=4, but data.prompts_per_step*rollout.n=12 rows over "
+     "placement.policy_ranks=1 x rl.mini_batch_per_replica=2 give mini-batches of [6] rows; "
+     "set rl.micro_batch_size=6",
+     [*CERTIFIED, "data.prompts_per_step=3", "rollout.n=4", "rl.mini_batch_per_replica=2",
+      "rl.micro_batch_size=3"]),
+    ("deterministic_minis_fill_micro_batches",
+     [*CERTIFIED, "data.prompts_per_step=5", "rollout.n=2", "placement.backend=ray",
+      "placement.policy_ranks=2", "rl.micro_batch_size=10"],  # 10 rows, but 5 per rank
+     "give mini-batches of [5] rows; set rl.micro_batch_size=5",
+     [*CERTIFIED, "data.prompts_per_step=5", "rollout.n=2", "placement.backend=ray",
+      "placement.policy_ranks=2", "rl.micro_batch_size=5"]),
+    ("deterministic_minis_fill_micro_batches",
+     [*CERTIFIED, "data.prompts_per_step=5", "rollout.n=3", "placement.backend=ray",
+      "placement.policy_ranks=2", "rl.micro_batch_size=4"],
+     "give mini-batches of [7, 8] rows; set rl.micro_batch_size=1",
+     [*CERTIFIED, "data.prompts_per_step=4", "rollout.n=4", "placement.backend=ray",
+      "placement.policy_ranks=2", "rl.micro_batch_size=4"]),
+    ("reward_functions_load", ["reward.functions=[no_such_module_xyz:f]"],
+     "reward.functions entry 'no_such_module_xyz:f': cannot import module",
+     ["reward.functions=[posttrain.reward.shaping:numeric_closeness]"]),
+    ("chat_template_available",
+     ["data.prompt_template=chat", "model.name_or_path=/nonexistent/tiny",
+      "model.init_preset=tiny"],
+     "model.init_preset=tiny builds a character-level tokenizer without one",
+     ["model.name_or_path=/nonexistent/tiny", "model.init_preset=tiny"]),
     ("ray_knobs_need_ray", ["placement.gpus_per_role=1"], "placement.gpus_per_role=1.0 is never",
      ["placement.gpus_per_role=1", "placement.backend=ray"]),
     ("ray_knobs_need_ray", ["placement.policy_ranks=2"], "placement.policy_ranks=2 is never",

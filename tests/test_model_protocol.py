@@ -2,13 +2,15 @@ import dataclasses
 
 import pytest
 import torch
+from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig
 
+from posttrain.config import ConfigError
 from posttrain.model.protocol import (
-    DEFAULT_NOISE_TOLERANCE,
     ModelCapabilities,
     capabilities_from_config,
     model_capabilities,
+    require_trainable,
 )
 
 
@@ -23,9 +25,7 @@ def test_dense_model_capabilities_from_a_loaded_model():
     caps = model_capabilities(LlamaForCausalLM(_llama()).double())
     assert caps == ModelCapabilities(
         certified_deterministic_forward=False,
-        forward_noise_tolerance=DEFAULT_NOISE_TOLERANCE[torch.float64],
         is_moe=False,
-        routing_replay=False,
         kv_cache=True,
         position_ids=True,
         logits_to_keep=True,
@@ -33,24 +33,9 @@ def test_dense_model_capabilities_from_a_loaded_model():
         vocab_size=40,
         dtype=torch.float64,
     )
+    require_trainable(caps, "llama")
     with pytest.raises(dataclasses.FrozenInstanceError):
         caps.is_moe = True
-
-
-def test_certification_zeroes_the_tolerance_and_overrides_apply():
-    cfg = _llama()
-    assert (
-        capabilities_from_config(
-            cfg, torch.float32, certified_deterministic_forward=True
-        ).forward_noise_tolerance
-        == 0.0
-    )
-    caps = capabilities_from_config(cfg, torch.bfloat16)
-    assert caps.forward_noise_tolerance == DEFAULT_NOISE_TOLERANCE[torch.bfloat16]
-    assert capabilities_from_config(cfg, torch.float32, forward_noise_tolerance=0.5)\
-        .forward_noise_tolerance == 0.5  # fmt: skip
-    with pytest.raises(ValueError, match="forward_noise_tolerance must be >= 0"):
-        capabilities_from_config(cfg, torch.float32, forward_noise_tolerance=-1.0)
 
 
 def test_forward_keywords_are_read_from_the_signature():
@@ -60,17 +45,35 @@ def test_forward_keywords_are_read_from_the_signature():
         _llama(), torch.float32, forward_params={"past_key_values", "position_ids"}
     )
     assert legacy.kv_cache and legacy.position_ids and not legacy.logits_to_keep
+    with pytest.raises(ConfigError, match="does not accept logits_to_keep"):
+        require_trainable(legacy, "old")
 
 
-def test_moe_rules():
+def test_moe_certification_is_refused():
     moe = MixtralConfig(num_local_experts=4, vocab_size=40)
-    caps = capabilities_from_config(moe, torch.float32)
-    assert caps.is_moe and not caps.routing_replay
-    with pytest.raises(ValueError, match="mixture-of-experts model without routing replay"):
+    assert capabilities_from_config(moe, torch.float32).is_moe
+    with pytest.raises(ConfigError, match="mixture-of-experts"):
         capabilities_from_config(moe, torch.float32, certified_deterministic_forward=True)
-    ok = capabilities_from_config(
-        moe, torch.float32, certified_deterministic_forward=True, routing_replay=True
-    )
-    assert ok.certified_deterministic_forward and ok.routing_replay
-    with pytest.raises(ValueError, match="routing_replay=true but the model is dense"):
-        capabilities_from_config(_llama(), torch.float32, routing_replay=True)
+
+
+class _NoPositions(nn.Module):
+    """A model whose forward takes only input ids: the policy role refuses it up front."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = _llama()
+        self.w = nn.Linear(2, 2)
+
+    def forward(self, input_ids=None, attention_mask=None):
+        raise AssertionError("never reached")
+
+
+def test_policy_role_checks_capabilities_before_training(monkeypatch, tmp_path):
+    from posttrain.config import load_config
+    from posttrain.config.build import build_objective
+    from posttrain.placement import roles
+
+    monkeypatch.setattr(roles, "load_policy", lambda *a, **k: (_NoPositions(), None))
+    cfg = load_config("arithmetic", ["--", f"job.output_root={tmp_path}"])
+    with pytest.raises(ConfigError, match="does not accept position_ids, logits_to_keep"):
+        roles.PolicyRole(cfg, build_objective, str(tmp_path))

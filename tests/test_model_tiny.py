@@ -2,7 +2,8 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from posttrain.model import build_tiny_model, count_parameters, load_policy, tiny_config
+from posttrain.model.loading import load_policy
+from posttrain.model.tiny import build_tiny_model, count_parameters, tiny_config
 from posttrain.rollout import TorchRolloutEngine
 
 

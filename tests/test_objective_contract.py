@@ -32,6 +32,7 @@ def rl(**kw):
         temperature=1.0,
         loss_type="token-mean",
         kl_beta=0.0,
+        kl_estimator="k3",
     )
     base.update(kw)
     return SimpleNamespace(**base)
@@ -79,6 +80,22 @@ def test_clipped_refuses_update_without_captured_pi_old(model):
     obj = make_objective(rl(), CTX)
     with pytest.raises(ObjectiveContractError, match="π_old was not captured"):
         obj(model, random_batch())
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_estimator_selects_the_anchor(estimator):
+    """The KL term is kl_beta times the chosen estimator on d = log ref - log policy."""
+    policy, ref, batch = tiny_llama(0), tiny_llama(1), random_batch()
+    ctx = SimpleNamespace(max_response_length=5, reference_model=ref)
+    obj = make_objective(rl(kl_beta=0.5, kl_estimator=estimator), ctx)
+    assert obj.identity["kl_estimator"] == estimator
+    obj.old_logp_cache.capture(policy, batch)
+    _, metrics = obj(policy, batch)
+    m = batch.response_mask
+    with torch.no_grad():
+        d = (response_logprobs(ref, batch) - response_logprobs(policy, batch))[m]
+    expected = {"k1": -d, "k2": d * d / 2, "k3": torch.exp(d) - 1 - d}[estimator]
+    assert metrics["kl_ref"].item() == pytest.approx(expected.mean().item(), rel=1e-10)
 
 
 def test_missing_advantages_fail_loudly(model):

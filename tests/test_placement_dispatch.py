@@ -11,7 +11,7 @@ from conftest import random_batch, tiny_llama
 from hypothesis import given
 from hypothesis import strategies as st
 
-from posttrain.config import ConfigError
+from posttrain.config import ConfigError, load_config
 from posttrain.config.build import build_objective
 from posttrain.placement.dispatch import rank_rows, shard_batch
 from posttrain.placement.local import place_local
@@ -73,7 +73,7 @@ def test_worker_pythonpath_reaches_project_and_test_code(monkeypatch, tmp_path):
 def test_local_placement_refuses_several_policy_ranks(tmp_path):
     opts = [f"job.output_root={tmp_path}", "placement.policy_ranks=2"]
     with pytest.raises(ConfigError, match="placement.policy_ranks=2 needs placement.backend=ray"):
-        place_local("arithmetic", opts, build_objective, str(tmp_path))
+        place_local(load_config("arithmetic", ["--", *opts]), build_objective, str(tmp_path))
 
 
 def test_a_worker_that_resolved_another_config_is_refused():

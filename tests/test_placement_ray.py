@@ -26,9 +26,9 @@ from safetensors.torch import load_file  # noqa: E402
 
 from posttrain.config import load_config  # noqa: E402
 from posttrain.config.build import build_objective  # noqa: E402
+from posttrain.config.user_code import BuilderError  # noqa: E402
 from posttrain.entrypoints import grpo  # noqa: E402
 from posttrain.entrypoints.cli import EXIT_RUN_ERROR  # noqa: E402
-from posttrain.entrypoints.common import BuilderError  # noqa: E402
 from posttrain.model.tiny import build_tiny_model  # noqa: E402
 from posttrain.placement.ray import place_ray  # noqa: E402
 

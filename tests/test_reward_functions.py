@@ -65,7 +65,7 @@ def test_loads_module_level_function(user_module):
         (":length_bonus", "with a module path"),
         ("my_rewards:Scorer.__call__", "no dotted attribute"),
         ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
-        ("my_rewards:missing", "module 'my_rewards' has no attribute 'missing'"),
+        ("my_rewards:missing", "has no attribute 'missing'; define fn(prompt, completion"),
         ("my_rewards:NOT_CALLABLE", "'NOT_CALLABLE' is a int, not a function"),
         ("my_rewards:Scorer", "'Scorer' is a type, not a function"),
         ("my_rewards:anon", "a lambda or nested function"),

@@ -198,7 +198,8 @@ def test_bad_construction(kw, needle):
 
 
 def test_evaluate_reports_held_out_metrics():
-    m = _stage(functions=[]).evaluate(COMPLETIONS, ITEMS)
+    stage = _stage(functions=[])
+    m = stage.metrics_of(stage.score(COMPLETIONS, ITEMS))
     assert m == {
         "accuracy": 0.75,
         "reward_mean": pytest.approx((1 + 0.5 + 1.5 + 1.5) / 4),

@@ -68,6 +68,23 @@ def test_two_ranks_equal_single_process(ranks, name):
         assert rel_err(p0, pr) < (1e-9 if CASES[name][6] == "adamw" else 1e-12)
 
 
+def test_rank_merged_metrics_are_global_as_declared(ranks):
+    """Every rank reports the step's global metrics: a declared max is the max over all rows of
+    every rank, counts are summed; both equal the single-process run's."""
+    _, results = ranks
+    name = "pi_old_adamw_two_minis"
+    ref = reference(name)["metrics"]
+    r0, r1 = results[0][name]["metrics"], results[1][name]["metrics"]
+    assert r0 == r1
+    for got, want in zip(r0, ref, strict=True):
+        assert got["train/samples"] == want["train/samples"]
+        assert got["train/tokens"] == want["train/tokens"]
+        assert got["train/pg/max_abs_log_ratio"] == pytest.approx(
+            want["train/pg/max_abs_log_ratio"], rel=1e-9, abs=1e-15
+        )
+    assert ref[1]["train/pg/max_abs_log_ratio"] > 0  # the second update sees a moved policy
+
+
 def test_per_rank_local_normalisation_would_differ(ranks):
     """Guard that the comparison can fail: averaging per-rank token means is not the answer."""
     _, results = ranks

@@ -55,6 +55,7 @@ def train(name, model, batch: TrajectoryBatch, micro: int) -> dict:
         "grads": [p.grad.detach().clone() for p in model.parameters()],
         "losses": [m["train/loss"] for m in metrics],
         "weights": [m.get("train/objective_weight") for m in metrics],
+        "metrics": [{k: float(v) for k, v in m.items()} for m in metrics],
         "trainer": trainer,
     }
 

@@ -137,7 +137,9 @@ def pg_objective(loss_type: str, *, max_response_length: int | None = None, use_
         return loss, metrics
 
     adapter = MetricAdapter(
-        {"pg_loss": "pg/loss", "max_abs_log_ratio": "pg/max_abs_log_ratio"}, frozenset({"rows"})
+        {"pg_loss": "pg/loss", "max_abs_log_ratio": "pg/max_abs_log_ratio"},
+        frozenset({"rows"}),
+        reductions={"max_abs_log_ratio": "max"},
     )
     identity = {"objective": "test_pg", "loss_type": loss_type, "pi_old": use_pi_old}
     return Objective(fn, Reduction.TOKEN_SUM, adapter, cache, identity=identity)

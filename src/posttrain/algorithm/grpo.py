@@ -85,6 +85,8 @@ def identity_of(rl: Any) -> dict[str, Any]:
         "temperature": float(rl.temperature),
         "kl_beta": float(rl.kl_beta),
     }
+    if rl.kl_beta > 0:
+        ident["kl_estimator"] = rl.kl_estimator
     if rl.importance_sampling_level == "sequence":
         ident["importance_sampling_level"] = "sequence"
     return ident
@@ -106,7 +108,8 @@ def make_objective(rl: Any, context: Any) -> Objective:
     """Build the configured GRPO-family objective.
 
     ``rl`` needs ``grpo_surrogate``, ``importance_sampling_level``, ``epsilon_low``,
-    ``epsilon_high``, ``lower_bound_ratio``, ``temperature``, ``loss_type`` and ``kl_beta``.
+    ``epsilon_high``, ``lower_bound_ratio``, ``temperature``, ``loss_type``, ``kl_beta`` and
+    ``kl_estimator``.
     ``context`` carries ``max_response_length`` (the rollout bound, for
     ``seq-mean-token-sum-fixed``) and, when ``kl_beta > 0``, ``reference_model``: the frozen
     network the entry also hands to the trainer as an auxiliary model.
@@ -145,7 +148,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
         scorer = ReferenceScorer(ref, temperature)
     cache = OldLogpCache(temperature)
     # Snapshot the knobs: the objective must not change if the config object is mutated later.
-    level, loss_type = rl.importance_sampling_level, rl.loss_type
+    level, loss_type, kl_estimator = rl.importance_sampling_level, rl.loss_type, rl.kl_estimator
     eps_low, eps_high, lbr = (
         float(rl.epsilon_low),
         float(rl.epsilon_high),
@@ -168,7 +171,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
             importance_sampling_level=level,
         )
         if scorer is not None:
-            kl = kl_penalty(logp, scorer(batch), m, "k3")
+            kl = kl_penalty(logp, scorer(batch), m, kl_estimator)
             per_token = per_token + kl_beta * kl
             metrics["kl_ref"] = masked_mean(kl.detach(), m)
         metrics["entropy_proxy"] = masked_mean(-logp.detach(), m)

@@ -4,7 +4,6 @@ Public API::
 
     load_config(config_path, ["--", *opts]) -> PosttrainConfig
     to_yaml / from_yaml, to_json / from_json, to_dict / from_dict
-    config_identity(config, objective_identity) -> str
     ConfigError (one-line message; every user error in a config is one)
 
 Preflight (cross-field rules) lives in :mod:`posttrain.control`.
@@ -32,7 +31,6 @@ from posttrain.config.sections import (
     RolloutConfig,
 )
 from posttrain.config.serialize import (
-    config_identity,
     from_dict,
     from_json,
     from_yaml,
@@ -65,7 +63,6 @@ __all__ = [
     "apply_override",
     "apply_overrides",
     "builtin_recipes",
-    "config_identity",
     "from_dict",
     "from_json",
     "from_yaml",

@@ -3,6 +3,11 @@
 Values are read as YAML 1.2 scalars or flow lists and validated against the field's type; a
 ``str`` field takes the text verbatim (so ``data.operators=+-`` and ``job.name=007`` stay
 strings) unless it is quoted, or is ``null`` on a field that allows it.
+
+``section.key=@default`` (:data:`RESET`) puts a key back to its schema default, e.g. to switch a
+recipe's generated task to a JSONL file: ``data.task=jsonl data.train_size=@default``. The token
+needs no quoting in bash, zsh or fish (``!`` triggers history expansion, a leading ``~`` a
+home-directory lookup).
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ def _members(annotation: Any) -> tuple[Any, ...]:
 
 _NULLS = ("null", "Null", "NULL", "~")
 
+#: Override value that resets a key to its schema default: ``data.digits=@default``.
+RESET = "@default"
+
 
 def parse_value(raw: str, annotation: Any, key: str = "value") -> Any:
     """Read override text ``raw`` for the field ``key`` typed ``annotation``.
@@ -54,18 +62,26 @@ def parse_value(raw: str, annotation: Any, key: str = "value") -> Any:
 def split_override(opt: str) -> tuple[str, str]:
     key, sep, raw = opt.partition("=")
     key = key.strip()
-    if not sep or not key:
-        raise ConfigError(f"override {opt!r} is not of the form section.key=value")
-    if key[0] in "+~":
+    if key.startswith("~"):
         raise ConfigError(
-            f"override {opt!r}: '+'/'~' prefixes are not supported; every key already exists, "
-            f"write {key[1:]}={raw}"
+            f"override {opt!r}: '~' (delete) is not supported, every key exists; write "
+            f"{key[1:]}={RESET} to reset it to its default"
+        )
+    if key.startswith("+"):
+        raise ConfigError(
+            f"override {opt!r}: '+' (add) is not supported, every key already exists; write "
+            f"{key[1:]}={raw or 'VALUE'}"
+        )
+    if not sep or not key:
+        raise ConfigError(
+            f"override {opt!r} is not of the form section.key=value (or section.key={RESET})"
         )
     return key, raw
 
 
 def apply_override(config: PosttrainConfig, opt: str) -> None:
-    """Apply one ``section.key=value`` to ``config`` in place (validated on assignment)."""
+    """Apply one ``section.key=value`` to ``config`` in place (validated on assignment);
+    ``section.key=@default`` restores the key's schema default."""
     key, raw = split_override(opt)
     sections = PosttrainConfig.sections()
     section, dot, field = key.partition(".")
@@ -73,8 +89,11 @@ def apply_override(config: PosttrainConfig, opt: str) -> None:
         raise ConfigError(f"override {opt!r} names a whole section; set {section}.KEY=VALUE")
     if section not in sections or field not in sections[section].model_fields:
         raise unknown_key_error(key, all_keys(), raw.strip())
-    annotation = sections[section].model_fields[field].annotation
-    setattr(getattr(config, section), field, parse_value(raw, annotation, key))
+    if raw.strip() == RESET:
+        value = sections[section].default_of(field)
+    else:
+        value = parse_value(raw, sections[section].model_fields[field].annotation, key)
+    setattr(getattr(config, section), field, value)
 
 
 def apply_overrides(config: PosttrainConfig, opts: Sequence[str]) -> PosttrainConfig:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from posttrain.algorithm.primitives.policy_gradient import LossType
+from posttrain.algorithm.primitives.choices import KLEstimator, LossType
 from posttrain.config.base import Section
 
 
@@ -75,6 +75,13 @@ class RLConfig(Section):
         ge=0,
         description="Weight of the KL penalty to a frozen reference model; 0 builds no "
         "reference. Only the clipped surrogate has a KL term.",
+    )
+    kl_estimator: KLEstimator = Field(
+        "k3",
+        description="Per-token estimator of KL(policy || reference) in the KL anchor, from "
+        "policy samples with d = log ref - log policy (Schulman): `k1` = -d (unbiased, can be "
+        "negative), `k2` = d^2/2 (biased, low variance), `k3` = exp(d) - 1 - d (unbiased, "
+        ">= 0; GRPO's). Read only when `rl.kl_beta > 0`.",
     )
     lr: float = Field(1e-6, gt=0, description="Peak learning rate (see `rl.lr_schedule`).")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(

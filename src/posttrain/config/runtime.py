@@ -70,6 +70,13 @@ class LoggingConfig(Section):
     progress: bool = Field(True, description="Print a one-line progress report per step.")
     tensorboard: bool = Field(False, description="Also write TensorBoard event files.")
     wandb: bool = Field(False, description="Also log to Weights & Biases.")
+    train_samples_per_step: int = Field(
+        4,
+        ge=0,
+        description="Training rollouts kept per step (the first rows of the step's batch: "
+        "prompt, completion, answer, reward, advantage) in `samples/train/step_*.jsonl`, next "
+        "to the held-out samples; 0 keeps none.",
+    )
     wandb_mode: Literal["online", "offline", "disabled"] = Field(
         "offline",
         description="W&B mode; `offline` writes locally for a later `wandb sync`. Read only "

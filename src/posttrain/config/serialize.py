@@ -7,10 +7,9 @@ an override such as ``rl.lr=1e-3`` means what it says.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -117,28 +116,3 @@ def from_json(text: str) -> PosttrainConfig:
     except json.JSONDecodeError as e:
         raise ConfigError(f"config JSON does not parse: {e}") from None
     return from_dict(data)
-
-
-def config_identity(
-    config: PosttrainConfig,
-    objective_identity: Mapping[str, Any] | None = None,
-    *,
-    exclude: Iterable[str] = (),
-) -> str:
-    """SHA-256 hex digest of the resolved config plus the objective's identity.
-
-    ``exclude`` lists dotted keys left out (e.g. ``rl.max_steps`` so that extending a run does
-    not change its identity). Key order and formatting never change the digest.
-    """
-    data = to_dict(config)
-    for key in exclude:
-        section, _, field = key.partition(".")
-        if section not in data or field not in data[section]:
-            raise unknown_key_error(key, all_keys())
-        del data[section][field]
-    payload = {"config": data, "objective": dict(objective_identity or {})}
-    try:
-        text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"objective identity is not JSON-serialisable: {e}") from None
-    return hashlib.sha256(text.encode()).hexdigest()

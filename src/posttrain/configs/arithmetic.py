@@ -1,8 +1,8 @@
-"""Arithmetic root recipe: a tiny Llama trained from scratch on one-digit sums, on CPU.
+"""Arithmetic root recipe (plain policy gradient): the baseline the demo recipe builds on.
 
-The default of ``make demo``. It pins ``rl.grpo_surrogate=legacy_pg`` (plain policy gradient,
-sampled at temperature 1.0) so the demo exercises the simplest objective; production recipes
-select ``clipped`` explicitly.
+It pins ``rl.grpo_surrogate=legacy_pg`` (plain policy gradient, sampled at temperature 1.0), the
+simplest objective; from random weights it collapses to one constant answer. ``make demo`` trains
+``arithmetic_clipped``, which adds the clipped surrogate, a KL anchor and shaping on top of it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 ``run_preflight(config) -> list[str]`` returns warnings and raises :class:`PreflightError` (a
 ``ConfigError``) for violations. Each rule is a small function in ``temperature``, ``inactive``,
-``inert`` or ``consistency``; :data:`RULES` lists them all.
+``inert``, ``consistency`` or ``external`` (user modules, tokenizer files); :data:`RULES` lists
+them all.
 """
 
 from posttrain.control.preflight import RULES, run_preflight

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 from posttrain.config.schema import PosttrainConfig
-from posttrain.control.rules import are, changed, error
+from posttrain.control.rules import are, changed, error, reset_hint
 
 
 @error("rollout.max_tokens")
@@ -32,7 +34,8 @@ def data_paths_need_jsonl(cfg: PosttrainConfig) -> str | None:
     knobs = changed(cfg.data, "train_path", "val_path")
     if not knobs:
         return None
-    return f"{are(knobs)} never read by data.task={cfg.data.task}; reset or set data.task=jsonl"
+    hint = reset_hint(cfg.data, "train_path", "val_path")
+    return f"{are(knobs)} never read by data.task={cfg.data.task}; {hint}, or set data.task=jsonl"
 
 
 @error("data.task", "data.reasoning_gym_dataset", "data.reasoning_gym_options")
@@ -43,7 +46,11 @@ def reasoning_gym_dataset_needs_task(cfg: PosttrainConfig) -> str | None:
     knobs = changed(cfg.data, "reasoning_gym_dataset", "reasoning_gym_options")
     if not knobs:
         return None
-    return f"{are(knobs)} never read by data.task={cfg.data.task}; remove or set data.task=reasoning_gym"
+    hint = reset_hint(cfg.data, "reasoning_gym_dataset", "reasoning_gym_options")
+    return (
+        f"{are(knobs)} never read by data.task={cfg.data.task}; {hint}, or set "
+        "data.task=reasoning_gym"
+    )
 
 
 @error("reward.verifier", "data.task")
@@ -65,7 +72,8 @@ def arithmetic_knobs_need_task(cfg: PosttrainConfig) -> str | None:
     knobs = changed(cfg.data, "digits", "operators")
     if not knobs:
         return None
-    return f"{are(knobs)} never read by data.task={cfg.data.task}; reset to default"
+    hint = reset_hint(cfg.data, "digits", "operators")
+    return f"{are(knobs)} never read by data.task={cfg.data.task}; {hint}"
 
 
 @error("data.task", "data.digits", "data.operators", "data.train_size", "data.val_size")
@@ -95,7 +103,8 @@ def jsonl_reads_whole_files(cfg: PosttrainConfig) -> str | None:
     knobs = changed(cfg.data, "train_size", "val_size")
     if not knobs:
         return None
-    return f"{are(knobs)} never read by data.task=jsonl (it reads whole files); reset to default"
+    hint = reset_hint(cfg.data, "train_size", "val_size")
+    return f"{are(knobs)} never read by data.task=jsonl (it reads whole files); {hint}"
 
 
 @error("rl.lr_schedule", "rl.warmup_steps", "rl.max_steps", "rl.mini_batch_per_replica")
@@ -144,6 +153,42 @@ def batch_covers_updates(cfg: PosttrainConfig) -> str | None:
 
 
 @error(
+    "model.certified_deterministic_forward",
+    "data.prompts_per_step",
+    "rollout.n",
+    "placement.policy_ranks",
+    "rl.mini_batch_per_replica",
+    "rl.micro_batch_size",
+)
+def deterministic_minis_fill_micro_batches(cfg: PosttrainConfig) -> str | None:
+    """A certified deterministic forward scores π_old in the same micro-batches as the update,
+    so every rank's mini-batch must be a whole number of micro-batches (the trainer would stop
+    at the first step otherwise). Sizes are computed as dispatch and the trainer split."""
+    from posttrain.placement.dispatch import rank_rows
+    from posttrain.trainer.accumulate import split_evenly
+
+    if not cfg.model.certified_deterministic_forward:
+        return None
+    rows = cfg.data.prompts_per_step * cfg.rollout.n
+    ranks, minis, micro = (
+        cfg.placement.policy_ranks, cfg.rl.mini_batch_per_replica, cfg.rl.micro_batch_size
+    )  # fmt: skip
+    if rows < ranks * minis:
+        return None  # batch_covers_updates reports this
+    shards = rank_rows(rows, ranks, minis)
+    sizes = sorted({s.stop - s.start for shard in shards for s in split_evenly(len(shard), minis)})
+    if all(size % micro == 0 for size in sizes):
+        return None
+    return (
+        f"model.certified_deterministic_forward=true needs every per-rank mini-batch to be a "
+        f"multiple of rl.micro_batch_size={micro}, but data.prompts_per_step*rollout.n={rows} "
+        f"rows over placement.policy_ranks={ranks} x rl.mini_batch_per_replica={minis} give "
+        f"mini-batches of {sizes} rows; set rl.micro_batch_size={math.gcd(*sizes)} (or a "
+        "divisor of it), or change data.prompts_per_step"
+    )
+
+
+@error(
     "placement.backend",
     "placement.ray_address",
     "placement.cpus_per_role",
@@ -158,7 +203,10 @@ def ray_knobs_need_ray(cfg: PosttrainConfig) -> str | None:
     knobs = changed(cfg.placement, "ray_address", "cpus_per_role", "gpus_per_role", "policy_ranks")
     if not knobs:
         return None
-    return f"{are(knobs)} never read by placement.backend=local; reset or use backend=ray"
+    hint = reset_hint(
+        cfg.placement, "ray_address", "cpus_per_role", "gpus_per_role", "policy_ranks"
+    )
+    return f"{are(knobs)} never read by placement.backend=local; {hint}, or use backend=ray"
 
 
 @error("rl.optimizer", "rl.adam_beta1", "rl.adam_beta2")
@@ -169,7 +217,8 @@ def adam_betas_need_adamw(cfg: PosttrainConfig) -> str | None:
     knobs = changed(cfg.rl, "adam_beta1", "adam_beta2")
     if not knobs:
         return None
-    return f"{are(knobs)} never read by rl.optimizer={cfg.rl.optimizer}; reset or use adamw"
+    hint = reset_hint(cfg.rl, "adam_beta1", "adam_beta2")
+    return f"{are(knobs)} never read by rl.optimizer={cfg.rl.optimizer}; {hint}, or use adamw"
 
 
 @error("logging.wandb", "logging.wandb_mode", "logging.wandb_project")
@@ -180,7 +229,8 @@ def wandb_knobs_need_wandb(cfg: PosttrainConfig) -> str | None:
     knobs = changed(cfg.logging, "wandb_mode", "wandb_project")
     if not knobs:
         return None
-    return f"{are(knobs)} never read with logging.wandb=false; reset or set logging.wandb=true"
+    hint = reset_hint(cfg.logging, "wandb_mode", "wandb_project")
+    return f"{are(knobs)} never read with logging.wandb=false; {hint}, or set logging.wandb=true"
 
 
 RULES = (
@@ -193,6 +243,7 @@ RULES = (
     reasoning_gym_verifier_needs_task,
     eval_needs_validation_data,
     batch_covers_updates,
+    deterministic_minis_fill_micro_batches,
     ray_knobs_need_ray,
     adam_betas_need_adamw,
     jsonl_reads_whole_files,

@@ -15,9 +15,11 @@ ONLINE_KNOBS = {
     "reward": ("verifier", "format_weight", "functions", "shared_prefix_mask"),
     "rl": ("grpo_surrogate", "importance_sampling_level", "epsilon_low", "epsilon_high",
            "lower_bound_ratio", "temperature", "loss_type", "unbiased_advantage",
-           "advantage_eps", "kl_beta", "mini_batch_per_replica", "distillation_mode"),
+           "advantage_eps", "kl_beta", "kl_estimator", "mini_batch_per_replica",
+           "distillation_mode"),
     "model": ("tokenizer_path", "certified_deterministic_forward", "gradient_checkpointing",
               "init_preset"),
+    "logging": ("train_samples_per_step",),
 }  # fmt: skip
 
 

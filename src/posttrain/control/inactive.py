@@ -6,7 +6,10 @@ A resolved config is provenance; it must not claim an algorithm setting the loss
 from __future__ import annotations
 
 from posttrain.config.schema import PosttrainConfig
-from posttrain.control.rules import are, changed, error, objective_family
+from posttrain.control.rules import are, changed, error, objective_family, reset_hint
+
+#: The clipped surrogate's knobs that legacy_pg never reads.
+CLIP_KNOBS = ("epsilon_low", "epsilon_high", "lower_bound_ratio", "loss_type")
 
 
 @error(
@@ -21,12 +24,12 @@ def legacy_pg_clip_knobs(cfg: PosttrainConfig) -> str | None:
     epsilon, dual clip or loss_type."""
     if cfg.rl.grpo_surrogate != "legacy_pg":
         return None
-    knobs = changed(cfg.rl, "epsilon_low", "epsilon_high", "lower_bound_ratio", "loss_type")
+    knobs = changed(cfg.rl, *CLIP_KNOBS)
     if not knobs:
         return None
     return (
         f"{are(knobs)} never read by rl.grpo_surrogate=legacy_pg (no ratio clip, "
-        "token-mean loss); reset them to their defaults or select rl.grpo_surrogate=clipped"
+        f"token-mean loss); {reset_hint(cfg.rl, *CLIP_KNOBS)}, or select rl.grpo_surrogate=clipped"
     )
 
 
@@ -38,6 +41,17 @@ def kl_beta_without_kl_term(cfg: PosttrainConfig) -> str | None:
     return (
         f"rl.kl_beta={cfg.rl.kl_beta} is never read by rl.grpo_surrogate="
         f"{cfg.rl.grpo_surrogate} (no KL term); set rl.kl_beta=0 or rl.grpo_surrogate=clipped"
+    )
+
+
+@error("rl.kl_beta", "rl.kl_estimator")
+def kl_estimator_without_kl_term(cfg: PosttrainConfig) -> str | None:
+    """The estimator shapes the KL anchor only; with kl_beta=0 there is no anchor to shape."""
+    if cfg.rl.kl_beta > 0 or cfg.rl.is_default("kl_estimator"):
+        return None
+    return (
+        f"rl.kl_estimator={cfg.rl.kl_estimator} is never read with rl.kl_beta=0 (no KL anchor); "
+        f"{reset_hint(cfg.rl, 'kl_estimator')}, or set rl.kl_beta > 0"
     )
 
 
@@ -85,7 +99,7 @@ def advantage_eps_unread(cfg: PosttrainConfig) -> str | None:
         return None
     return (
         f"rl.advantage_eps={cfg.rl.advantage_eps} is never read with rl.unbiased_advantage=true "
-        "(no std division); remove it"
+        f"(no std division); {reset_hint(cfg.rl, 'advantage_eps')}"
     )
 
 
@@ -96,13 +110,14 @@ def distillation_mode_without_opd(cfg: PosttrainConfig) -> str | None:
         return None
     return (
         f"rl.distillation_mode={cfg.rl.distillation_mode} is read only by OPD, not by "
-        f"job.algorithm={cfg.job.algorithm}; remove it"
+        f"job.algorithm={cfg.job.algorithm}; {reset_hint(cfg.rl, 'distillation_mode')}"
     )
 
 
 RULES = (
     legacy_pg_clip_knobs,
     kl_beta_without_kl_term,
+    kl_estimator_without_kl_term,
     legacy_pg_sequence_level,
     sequence_level_dual_clip,
     sequence_level_per_token_advantages,

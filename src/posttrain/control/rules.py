@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from posttrain.config.errors import ConfigError
+from posttrain.config.overrides import RESET
 from posttrain.config.schema import PosttrainConfig
 
 Severity = Literal["error", "warning"]
@@ -74,3 +75,15 @@ def changed(section: object, *names: str) -> list[str]:
 def are(knobs: list[str]) -> str:
     """``"a=1 is"`` or ``"a=1, b=2 are"``: the subject of a "never read" message."""
     return f"{', '.join(knobs)} {'is' if len(knobs) == 1 else 'are'}"
+
+
+def reset_hint(section: object, *names: str) -> str:
+    """How to reset the changed ``names`` from the command line, with the values they return to:
+    ``"reset with data.digits=@default (-> 2)"``."""
+    prefix = section.section_name  # type: ignore[attr-defined]
+    parts = [
+        f"{prefix}.{n}={RESET} (-> {section.default_of(n)!r})"  # type: ignore[attr-defined]
+        for n in names
+        if not section.is_default(n)  # type: ignore[attr-defined]
+    ]
+    return "reset with " + ", ".join(parts)

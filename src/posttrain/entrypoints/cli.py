@@ -12,17 +12,17 @@ Adding a command is a few lines::
 and appending ``_add_grpo`` to :data:`COMMANDS`.
 
 A :class:`~posttrain.config.ConfigError` from any handler prints one line to stderr and exits 2,
-without a traceback.
+without a traceback. Handlers import what they need when they run, so ``posttrain --help``
+answers without loading torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
 from collections.abc import Callable, Sequence
-
-from posttrain.config import ConfigError, load_config, to_yaml
-from posttrain.control import run_preflight
+from importlib import resources
 
 #: Exit status for a user error in the config or the overrides.
 EXIT_CONFIG_ERROR = 2
@@ -32,6 +32,9 @@ EXIT_RUN_ERROR = 1
 
 def config_show(args: argparse.Namespace, overrides: list[str]) -> int:
     """Print the resolved config as YAML (stdout) and preflight warnings (stderr)."""
+    from posttrain.config import load_config, to_yaml
+    from posttrain.control import run_preflight
+
     config = load_config(args.config, ["--", *overrides])
     warnings = run_preflight(config)
     sys.stdout.write(to_yaml(config))
@@ -48,25 +51,66 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
         help="print the resolved config and preflight warnings; builds no model",
         description="Resolve RECIPE plus the overrides after `--`, run preflight, print YAML.",
     )
-    show.add_argument(
+    _add_config_argument(show)
+    show.set_defaults(handler=config_show)
+
+
+def builtin_recipes() -> list[tuple[str, str]]:
+    """(name, first docstring line) of the shipped recipes, read without importing them."""
+    out = []
+    for entry in sorted(resources.files("posttrain.configs").iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".py") and not entry.name.startswith("_"):
+            doc = ast.get_docstring(ast.parse(entry.read_text())) or ""
+            out.append((entry.name[:-3], doc.strip().splitlines()[0] if doc else ""))
+    return out
+
+
+def _recipes_epilog() -> str:
+    lines = [f"  {name:24s} {doc}" for name, doc in builtin_recipes()]
+    return (
+        "built-in recipes (or a recipe .py file, or a saved config.yaml):\n"
+        + "\n".join(lines)
+        + "\n\nconfig overrides follow `--` as section.key=value (`section.key=@default` resets one):"
+        "\n  posttrain grpo --config arithmetic_clipped -- rl.max_steps=200 rl.lr=3e-3"
+    )
+
+
+def _add_config_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--config",
         required=True,
         metavar="RECIPE",
-        help="recipe .py file, saved .yaml/.json config, or built-in recipe name",
+        help="built-in recipe name (listed below), recipe .py file, or saved .yaml/.json config",
     )
-    show.set_defaults(handler=config_show)
 
 
 def grpo_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from posttrain.entrypoints.grpo import train_from_cli
 
-    return train_from_cli(args.config, overrides)
+    return train_from_cli(args.config, overrides, args.objective)
+
+
+def _add_objective_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--objective",
+        metavar="MODULE:FUNCTION",
+        default=None,
+        help="your objective builder, build(rl, context) -> Objective, imported by name "
+        "(the working directory is importable); default: the entry's built-in objective",
+    )
 
 
 def _add_grpo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("grpo", help="train with a GRPO-family objective")
-    p.add_argument("--config", required=True, metavar="RECIPE",
-                   help="recipe .py file, saved .yaml/.json config, or built-in recipe name")  # fmt: skip
+    p = sub.add_parser(
+        "grpo",
+        help="train with a GRPO-family objective",
+        description="Online RL: sample, score, group advantages, update. The recipe and its "
+        "overrides choose the surrogate (rl.grpo_surrogate) and everything else.",
+        epilog=_recipes_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_config_argument(p)
+    _add_objective_argument(p)
     p.set_defaults(handler=grpo_train)
 
 
@@ -85,16 +129,36 @@ def _add_dpo(sub: argparse._SubParsersAction) -> None:
 
 
 def plot(args: argparse.Namespace, overrides: list[str]) -> int:
-    from posttrain.metrics.plot import plot_run
+    from posttrain.metrics.plot import plot_runs
 
-    print(plot_run(args.run_dir, args.out))
+    metrics = [m.strip() for arg in args.metrics or () for m in arg.split(",") if m.strip()]
+    print(plot_runs(args.runs, args.out, metrics=metrics, smooth=args.smooth))
     return 0
 
 
 def _add_plot(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plot", help="render reward, accuracy and loss curves of a run to PNG")
-    p.add_argument("run_dir", metavar="OUT_DIR", help="a run directory (holds metrics.jsonl)")
-    p.add_argument("--out", default=None, help="PNG path (default OUT_DIR/curves.png)")
+    p = sub.add_parser(
+        "plot",
+        help="plot runs' curves (overlaid, with a legend) to PNG",
+        description="Default panels: reward, held-out accuracy, loss, KL, clip fractions, "
+        "response length, then the objective's own train/<namespace>/* metrics.",
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directory (or its metrics.jsonl)")
+    p.add_argument(
+        "--metrics",
+        action="append",
+        metavar="KEYS",
+        help="comma-separated metric names or globs over metrics.jsonl keys, e.g. "
+        "'val/accuracy,train/pg/*' (repeatable)",
+    )
+    p.add_argument(
+        "--smooth",
+        metavar="SPEC",
+        help="ema:A (0 <= A < 1, weight on the past) or window:N (mean of the last N points)",
+    )
+    p.add_argument(
+        "--out", help="PNG path (default RUN/curves.png for one run, ./curves.png for several)"
+    )
     p.set_defaults(handler=plot)
 
 
@@ -116,18 +180,35 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, plus a hint when config overrides were given without the `--` before them."""
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments") and any(
+            "=" in a and "." in a.split("=")[0] for a in message.split(":", 1)[1].split()
+        ):
+            message += (
+                "\nhint: config overrides go after `--`, e.g. "
+                "posttrain grpo --config arithmetic_clipped -- rl.max_steps=100"
+            )
+        super().error(message)
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input a user controls: reported in one line, never with a traceback."""
     from posttrain.data.tasks import TaskDataError
+    from posttrain.metrics.plot import PlotError
     from posttrain.placement.errors import RoleFailedError
     from posttrain.reward import RewardError
     from posttrain.trainer import TrainerError
 
-    return (RewardError, TaskDataError, TrainerError, RoleFailedError, FileNotFoundError)
+    return (RewardError, TaskDataError, TrainerError, RoleFailedError, PlotError, FileNotFoundError)
 
 
 def run_guarded(fn: Callable[[], int]) -> int:
     """Run ``fn``; a config error exits 2, another user error exits 1, each as one line."""
+    from posttrain.config import ConfigError
+
     try:
         return fn()
     except ConfigError as e:
@@ -139,12 +220,14 @@ def run_guarded(fn: Callable[[], int]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="posttrain",
         description="RL post-training. Config overrides follow `--` as section.key=value.",
         epilog="example: posttrain config show --config arithmetic -- rl.max_steps=10",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     for register in COMMANDS:
         register(sub)
     return parser

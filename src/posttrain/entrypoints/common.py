@@ -1,45 +1,14 @@
-"""Pieces every online entry shares: builder checks, the run directory, prompt encoding,
-held-out evaluation and the user-error boundary."""
+"""Small pieces every entry shares: quiet libraries, the run directory, prompt encoding and
+sample files."""
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from posttrain.config import ConfigError, PosttrainConfig, to_yaml
+from posttrain.config import PosttrainConfig, to_yaml
 from posttrain.data.tasks import TaskItem, format_prompt
-
-
-class BuilderError(ConfigError):
-    """The objective builder cannot travel to workers (nested, lambda, not callable)."""
-
-
-def check_builder(fn: Callable[..., Any]) -> None:
-    """Refuse builders that would not reach a worker process intact.
-
-    Workers import the builder by module and name; a lambda, a function defined inside another
-    function, or a bound method of a driver object does not survive that trip.
-    """
-    inner = fn
-    while isinstance(inner, functools.partial):
-        inner = inner.func
-    if not callable(inner):
-        raise BuilderError(f"build_objective_fn must be callable, got {type(inner).__name__}")
-    if not inspect.isfunction(inner):
-        raise BuilderError(
-            f"build_objective_fn must be a module-level function (optionally a functools.partial "
-            f"of one), got {type(inner).__name__}"
-        )
-    qual = inner.__qualname__
-    if "<lambda>" in qual or "<locals>" in qual:
-        raise BuilderError(
-            f"build_objective_fn {inner.__module__}.{qual} is a lambda or nested function; "
-            "workers rebuild the objective by importing the builder, so define it at module scope"
-        )
 
 
 def quiet_libraries() -> None:
@@ -71,7 +40,8 @@ def encode_prompts(items: Sequence[TaskItem], template: str, tokenizer) -> list[
     return [tokenizer(t, add_special_tokens=add_special)["input_ids"] for t in texts]
 
 
-def write_samples(path: Path, items, completions, scores) -> None:
+def write_samples(path: Path, items, completions, scores, advantages=None) -> None:
+    """One JSON row per completion (row ``i`` scored as ``scores`` row ``i``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for i, (item, text) in enumerate(zip(items, completions, strict=True)):
@@ -82,4 +52,6 @@ def write_samples(path: Path, items, completions, scores) -> None:
                 "reward": float(scores.rewards[i]),
                 "correct": bool(scores.correct[i]),
             }
+            if advantages is not None and advantages.dim() == 1:  # per-token ones stay out
+                row["advantage"] = float(advantages[i])
             f.write(json.dumps(row) + "\n")

@@ -1,43 +1,27 @@
-"""The GRPO entry: resolved config -> roles -> the online loop.
+"""The GRPO entry: the shared online loop with a GRPO-family objective.
 
-    python -m posttrain.entrypoints.grpo --config RECIPE -- section.key=value ...
+    posttrain grpo --config RECIPE [--objective module:function] -- section.key=value ...
+    python -m posttrain.entrypoints.grpo --config RECIPE -- ...
 
-One step: rollout (n samples per prompt) -> reward stage (scores, group advantages, before
-dispatch) -> policy update(s) -> weight sync -> periodic held-out evaluation, checkpoint and
-metrics. The objective is whatever ``build_objective_fn`` returns; this file holds no loss math.
+The objective is whatever the builder returns: ``config.build.build_objective`` (the surrogate
+``rl.grpo_surrogate`` selects) unless ``--objective`` names another one. This file holds no loss
+math and no loop (``online.py``).
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.config import ConfigError, PosttrainConfig, load_config, to_dict
+from posttrain.config import PosttrainConfig, load_config
 from posttrain.config.build import build_objective
-from posttrain.control import run_preflight
-from posttrain.data.tasks import TaskItem, TaskSource, make_task_source
-from posttrain.entrypoints.common import (
-    check_builder,
-    default_out_dir,
-    encode_prompts,
-    quiet_libraries,
-    write_resolved_config,
-    write_samples,
-)
-from posttrain.metrics import open_sinks
-from posttrain.model.loading import load_tokenizer
-from posttrain.model.tiny import build_tiny_model
-from posttrain.trainer.compat import differing_keys
+from posttrain.config.user_code import import_callable
+from posttrain.entrypoints import online
+from posttrain.entrypoints.common import default_out_dir, quiet_libraries
 
-log = logging.getLogger("posttrain")
-
-#: Settings the GRPO entry pins after the user's overrides. Plain GRPO pins none; a variant
-#: entry that must stay its named algorithm appends its invariants here.
+#: Settings the GRPO entry pins after the user's overrides (none: GRPO is the default algorithm).
 PINNED_OPTS: tuple[str, ...] = ()
 
 
@@ -48,203 +32,22 @@ def run(
     out_dir: str | Path,
     build_objective_fn,
 ) -> dict[str, Any]:
-    """Train with the objective from ``build_objective_fn`` (required: no fallback to GRPO).
-
-    ``config`` is the driver's resolved copy; every role re-resolves ``config_path`` + ``opts``
-    (+ the pinned invariants) itself, so the driver copy must not carry edits the roles can't see.
-    """
-    check_builder(build_objective_fn)
-    opts = [*opts, *PINNED_OPTS]
-    resolved = load_config(config_path, ["--", *opts])
-    _refuse_driver_edits(config, resolved)
-    for message in run_preflight(resolved):
-        log.warning("preflight: %s", message)
-    tasks = build_tasks(resolved)  # data errors surface before any model loads
-    run_dir = Path(out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ensure_model(resolved)
-    roles = _place(resolved, config_path, opts, build_objective_fn, run_dir)
-    try:
-        return loop(resolved, roles, tasks, run_dir)
-    finally:
-        roles.close()
+    """Train ``config`` with the objective ``build_objective_fn(rl, context)`` returns."""
+    return online.run(
+        config, config_path, opts, out_dir, build_objective_fn, pinned_opts=PINNED_OPTS
+    )
 
 
-def _refuse_driver_edits(driver: PosttrainConfig, resolved: PosttrainConfig) -> None:
-    diff = differing_keys(to_dict(resolved), to_dict(driver))
-    if diff:
-        raise ConfigError(
-            f"the driver's config differs from config_path + opts at {', '.join(diff)}; workers "
-            "rebuild the config from config_path + opts, so pass the change as an override"
-        )
-
-
-def build_tasks(config: PosttrainConfig) -> TaskSource:
-    d = config.data
-    return make_task_source(
-        d.task, seed=config.job.seed, digits=d.digits, operators=d.operators,
-        train_size=d.train_size, val_size=d.val_size, train_path=d.train_path,
-        val_path=d.val_path, reasoning_gym_dataset=d.reasoning_gym_dataset,
-        reasoning_gym_options=d.reasoning_gym_options,
-    )  # fmt: skip
-
-
-def ensure_model(config: PosttrainConfig) -> None:
-    """Build the from-scratch tiny model the recipe asks for, once, before any role loads it."""
-    path = Path(config.model.name_or_path)
-    if not (path / "config.json").exists() and not config.model.init_preset:
-        raise ConfigError(
-            f"model.name_or_path={str(path)!r} is not a Hugging Face model directory (no "
-            "config.json); point it at a local model, or set model.init_preset=tiny to build one"
-        )
-    if config.model.init_preset and not (path / "config.json").exists():
-        log.info(
-            "building a %s model at %s (seed %d)", config.model.init_preset, path, config.job.seed
-        )
-        build_tiny_model(config.model.init_preset, path, seed=config.job.seed)
-
-
-def _place(config: PosttrainConfig, config_path: str, opts, build_objective_fn, run_dir: Path):
-    if config.placement.backend == "ray":
-        from posttrain.placement.ray import place_ray
-
-        return place_ray(config, config_path, opts, build_objective_fn, str(run_dir))
-    from posttrain.placement.local import place_local
-
-    return place_local(config_path, opts, build_objective_fn, str(run_dir))
-
-
-def rollout_seed(seed: int, step: int) -> int:
-    """Sampling seed of a step: a pure function of (seed, step), so resume needs no RNG state."""
-    return (seed * 1_000_003 + step) % (2**63)
-
-
-def evaluate(config, roles, tokenizer, items: Sequence[TaskItem], run_dir: Path, step: int):
-    """Greedy held-out accuracy; writes the samples of this evaluation."""
-    prompts = encode_prompts(items, config.data.prompt_template, tokenizer)
-    rollout = roles.rollout.generate(prompts, n=1, temperature=0.0, seed=0)
-    metrics, scores = roles.reward.evaluate(rollout.texts, items)
-    write_samples(run_dir / "samples" / f"step_{step:06d}.jsonl", items, rollout.texts, scores)
-    return {f"val/{k}": v for k, v in metrics.items()}
-
-
-def loop(config: PosttrainConfig, roles, tasks: TaskSource, run_dir: Path) -> dict[str, Any]:
-    job, data, rl, ro = config.job, config.data, config.rl, config.rollout
-    tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.name_or_path)
-    # rl.eval_every=0 turns held-out evaluation off entirely (also before and after training).
-    val_items = tasks.val_items() if rl.eval_every else []
-    state = roles.policy.resume()
-    # Written only once resume has accepted this config: a refused run leaves the old one intact.
-    write_resolved_config(config, run_dir)
-    start, cursor = (state.step, state.data_state["cursor"]) if state else (0, 0)
-    if state:
-        roles.sync_weights()  # a rollout engine with its own weights starts from the checkpoint
-    sink = open_sinks(
-        run_dir, resume_step=start if state else None, tensorboard=config.logging.tensorboard,
-        wandb=config.logging.wandb, wandb_project=config.logging.wandb_project,
-        wandb_mode=config.logging.wandb_mode, run_name=job.name, config=to_dict(config),
-    )  # fmt: skip
-    summary: dict[str, Any] = {
-        "run_dir": str(run_dir), "start_step": start, "val_problems": len(val_items),
-    }  # fmt: skip
-    if val_items and start == 0:
-        first = evaluate(config, roles, tokenizer, val_items, run_dir, 0)
-        sink.write(0, first)
-        summary["initial_val_accuracy"] = first["val/accuracy"]
-    bar = _progress(config, start)
-    began = time.perf_counter()
-    p, n = data.prompts_per_step, ro.n
-    try:
-        for step in range(start + 1, rl.max_steps + 1):
-            t0 = time.perf_counter()
-            items, cursor = tasks.take(job.seed, cursor, p)
-            prompts = encode_prompts(items, data.prompt_template, tokenizer)
-            rollout = roles.rollout.generate(
-                prompts, n=n, temperature=ro.temperature, seed=rollout_seed(job.seed, step),
-                group_id_offset=step * p, sample_id_offset=step * p * n,
-            )  # fmt: skip
-            t1 = time.perf_counter()
-            batch, reward_metrics = roles.reward.score(rollout, items)
-            t2 = time.perf_counter()
-            train_metrics = roles.policy.train(batch)
-            t3 = time.perf_counter()
-            roles.sync_weights()
-            t4 = time.perf_counter()
-            gen_tokens = int(rollout.batch.response_mask.sum())
-            record = {
-                f"train/{k.replace('reward/', 'reward_')}": v for k, v in reward_metrics.items()
-            }
-            record.update(train_metrics)
-            record.update({
-                "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/train_s": t3 - t2,
-                "time/sync_s": t4 - t3, "time/step_s": t4 - t0,
-                "perf/rollout_tokens_per_s": gen_tokens / max(t1 - t0, 1e-9),
-            })  # fmt: skip
-            if val_items and (step % rl.eval_every == 0 or step == rl.max_steps):
-                record.update(evaluate(config, roles, tokenizer, val_items, run_dir, step))
-                summary["final_val_accuracy"] = record["val/accuracy"]
-            sink.write(step, record)
-            if (rl.save_every and step % rl.save_every == 0) or step == rl.max_steps:
-                roles.policy.save(step, {"cursor": cursor})
-            _advance(bar, record)
-    finally:
-        sink.close()
-        if bar is not None:
-            bar.close()
-    summary["steps"] = rl.max_steps
-    summary["wall_s"] = time.perf_counter() - began
-    return summary
-
-
-def _progress(config: PosttrainConfig, start: int):
-    if not config.logging.progress:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=config.rl.max_steps, initial=start, desc=config.job.name, unit="step",
-                dynamic_ncols=True, file=sys.stderr)  # fmt: skip
-
-
-def _advance(bar, record: dict[str, Any]) -> None:
-    if bar is None:
-        return
-    post = {"reward": f"{record.get('train/reward_mean', float('nan')):.3f}",
-            "step_s": f"{record['time/step_s']:.2f}"}  # fmt: skip
-    if "val/accuracy" in record:
-        post["val_acc"] = f"{record['val/accuracy']:.3f}"
-    bar.set_postfix(post, refresh=False)
-    bar.update(1)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``posttrain grpo --config RECIPE -- OVERRIDES`` (also ``python -m``)."""
-    from posttrain.entrypoints.cli import run_guarded, split_argv
-
-    head, overrides = split_argv(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="posttrain grpo")
-    parser.add_argument("--config", required=True, metavar="RECIPE")
-    args = parser.parse_args(head)
-    return run_guarded(lambda: train_from_cli(args.config, overrides))
-
-
-def train_from_cli(config_path: str, opts: Sequence[str]) -> int:
+def train_from_cli(config_path: str, opts: Sequence[str], objective: str | None = None) -> int:
+    """``posttrain grpo``: resolve, train, print where the run went and held-out accuracy."""
     quiet_libraries()
+    builder = import_callable(objective, "--objective") if objective else build_objective
     config = load_config(config_path, ["--", *opts])
-    summary = run(config, config_path, opts, default_out_dir(config), build_objective)
-    _report(summary)
+    online.report(run(config, config_path, opts, default_out_dir(config), builder))
     return 0
 
 
-def _report(summary: dict[str, Any]) -> None:
-    before, after = summary.get("initial_val_accuracy"), summary.get("final_val_accuracy")
-    print(f"run directory: {summary['run_dir']}")
-    done = summary["steps"] - summary["start_step"]
-    print(f"trained {done} steps in {summary['wall_s']:.0f} s")
-    if before is not None or after is not None:
-        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-        n = summary["val_problems"]
-        print(f"held-out accuracy: {fmt(before)} -> {fmt(after)} ({n} problems, greedy)")
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from posttrain.entrypoints.cli import main
+
+    raise SystemExit(main(["grpo", *sys.argv[1:]]))

@@ -40,6 +40,11 @@ def _complete_lines(path: Path) -> list[str]:
     return lines
 
 
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The step records of a ``metrics.jsonl`` (a torn last line, as in a live run, is left out)."""
+    return [json.loads(line) for line in _complete_lines(Path(path))]
+
+
 class JsonlSink:
     """Appends one line per step; on resume, lines past the resumed step are dropped first so
     the file reads as if the run had never stopped."""

@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from posttrain.model.tiny import PRESETS
-
 _HANDLER = "_posttrain_model_handler"
 
 
@@ -36,7 +34,11 @@ def _run_import(args: argparse.Namespace) -> int:
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     """Add ``tiny`` and ``import-gguf`` to an existing subparsers object."""
     tiny = subparsers.add_parser("tiny", help="build a tiny Llama model with a char tokenizer")
-    tiny.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    # No `choices`: listing the presets would import torch just to print --help; an unknown
+    # name gets the list from posttrain.model.tiny when the command runs.
+    tiny.add_argument(
+        "--preset", required=True, help="a preset of posttrain.model.tiny: tiny, small or arith"
+    )
     tiny.add_argument("--out", required=True, help="output folder (HF format)")
     tiny.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
     tiny.set_defaults(**{_HANDLER: _run_tiny})

@@ -1,8 +1,10 @@
-"""Capabilities of a policy model's forward pass, read by the trainer and the model adapter.
+"""Capabilities of a policy model's forward pass, checked before training starts.
 
 These describe the *model* (what its forward can promise), never the loss: an objective must not
-hold or import them. They are derived once, from the HF config plus the few claims a user makes in
-the model config section, and then passed around as a frozen value.
+hold or import them. They are derived once, when the policy role loads its model, from the HF
+config, the forward's signature and the claim a user makes in the ``model`` section; a claim the
+model cannot honour, or a forward the trainer cannot drive exactly, is refused there in one line
+instead of failing mid-step.
 """
 
 from __future__ import annotations
@@ -14,16 +16,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from posttrain.config.errors import ConfigError
+
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
-# Tolerated |logp(recomputed) - logp(earlier pass)| for the same weights and tokens when the
-# forward is not certified deterministic: kernel choice and batch layout reorder float sums.
-DEFAULT_NOISE_TOLERANCE: dict[torch.dtype, float] = {
-    torch.float64: 1e-9,
-    torch.float32: 1e-4,
-    torch.bfloat16: 5e-2,
-    torch.float16: 1e-2,
-}
+HF_CAUSAL_LM_FORWARD = frozenset({"position_ids", "logits_to_keep", "cache", "use_cache"})
+"""Forward keywords of a current transformers causal LM (what ``capabilities_from_config`` assumes
+when no forward signature is given)."""
 
 
 @dataclass(frozen=True)
@@ -31,22 +30,15 @@ class ModelCapabilities:
     """What a model's forward pass supports and promises.
 
     - ``certified_deterministic_forward``: the user certifies that the same weights and tokens give
-      bit-identical logprobs regardless of batch layout (e.g. deterministic kernels, no MoE routing
-      flips). The trainer may then compare π_old with π exactly (tolerance 0).
-    - ``forward_noise_tolerance``: the largest per-token logprob difference the trainer treats as
-      forward noise rather than a weight change; 0.0 when certified.
-    - ``is_moe`` / ``routing_replay``: mixture-of-experts routing, and whether routing decisions of
-      the rollout are replayed in the training forward (only meaningful for MoE).
+      bit-identical logprobs regardless of batch layout; a frozen π_old is then checked bit for bit.
+    - ``is_moe``: mixture-of-experts routing (expert choice can flip between passes).
     - ``kv_cache``, ``position_ids``, ``logits_to_keep``: forward keywords the rollout engine and
       the logprob helper rely on (explicit positions are how left padding stays exact).
-    - ``max_positions``: the model's context bound (None when the config states none), for preflight
-      of prompt length + ``rollout.max_tokens``.
+    - ``max_positions``: the model's context bound (None when the config states none).
     """
 
     certified_deterministic_forward: bool
-    forward_noise_tolerance: float
     is_moe: bool
-    routing_replay: bool
     kv_cache: bool
     position_ids: bool
     logits_to_keep: bool
@@ -63,53 +55,28 @@ def _is_moe(config) -> bool:
     return False
 
 
-HF_CAUSAL_LM_FORWARD = frozenset({"position_ids", "logits_to_keep", "cache", "use_cache"})
-"""Forward keywords of a current transformers causal LM (what ``capabilities_from_config`` assumes
-when no forward signature is given)."""
-
-
 def capabilities_from_config(
     config,
     dtype: torch.dtype,
     *,
     forward_params: Collection[str] = HF_CAUSAL_LM_FORWARD,
     certified_deterministic_forward: bool = False,
-    routing_replay: bool = False,
-    forward_noise_tolerance: float | None = None,
 ) -> ModelCapabilities:
-    """Derive capabilities from an HF ``PretrainedConfig`` and the user's claims.
+    """Derive capabilities from an HF ``PretrainedConfig`` and the user's claim.
 
-    Refuses claims the model cannot honour: routing replay on a dense model (nothing to replay),
-    and certification of an MoE model without routing replay (expert choice can flip under noise).
+    Refuses certification of an MoE model: expert choice can flip under batch-layout noise, so
+    two passes are not bit-identical.
     """
     moe = _is_moe(config)
-    if routing_replay and not moe:
-        raise ValueError(
-            "model.routing_replay=true but the model is dense (no experts in its config); "
-            "remove the setting"
+    if certified_deterministic_forward and moe:
+        raise ConfigError(
+            "model.certified_deterministic_forward=true for a mixture-of-experts model: expert "
+            "routing can change between passes; set model.certified_deterministic_forward=false"
         )
-    if certified_deterministic_forward and moe and not routing_replay:
-        raise ValueError(
-            "model.certified_deterministic_forward=true for a mixture-of-experts model without "
-            "routing replay: expert routing can change between passes; enable routing replay or "
-            "drop the certification"
-        )
-    if forward_noise_tolerance is not None and forward_noise_tolerance < 0:
-        raise ValueError(
-            f"model.forward_noise_tolerance must be >= 0, got {forward_noise_tolerance}"
-        )
-    if certified_deterministic_forward:
-        tol = 0.0
-    elif forward_noise_tolerance is not None:
-        tol = float(forward_noise_tolerance)
-    else:
-        tol = DEFAULT_NOISE_TOLERANCE.get(dtype, 1e-4)
     max_pos = getattr(config, "max_position_embeddings", None)
     return ModelCapabilities(
         certified_deterministic_forward=certified_deterministic_forward,
-        forward_noise_tolerance=tol,
         is_moe=moe,
-        routing_replay=routing_replay,
         kv_cache=("cache" in forward_params or "past_key_values" in forward_params)
         and bool(getattr(config, "use_cache", True)),
         position_ids="position_ids" in forward_params,
@@ -126,3 +93,13 @@ def model_capabilities(model: nn.Module, **claims) -> ModelCapabilities:
     dtype = next(model.parameters()).dtype
     params = frozenset(inspect.signature(model.forward).parameters)
     return capabilities_from_config(model.config, dtype, forward_params=params, **claims)
+
+
+def require_trainable(caps: ModelCapabilities, name: str) -> None:
+    """The forward keywords exact log-probs need; a model without them is refused up front."""
+    missing = [k for k in ("position_ids", "logits_to_keep") if not getattr(caps, k)]
+    if missing:
+        raise ConfigError(
+            f"model {name!r}: its forward does not accept {', '.join(missing)}, which exact "
+            "log-probs with left-padded prompts need; use a transformers causal LM that does"
+        )

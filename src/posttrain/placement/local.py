@@ -1,21 +1,15 @@
 """In-process placement (the default): every role lives in the driver process.
 
-The rollout role samples with the policy's own module, so weight sync copies nothing.
+The config is resolved once and shared by every role; the rollout role samples with the policy's
+own module, so weight sync copies nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from posttrain.config import ConfigError
-from posttrain.placement.roles import (
-    ObjectiveBuilder,
-    PolicyRole,
-    RewardRole,
-    RolloutRole,
-    resolve,
-)
+from posttrain.config import ConfigError, PosttrainConfig
+from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 
 
 @dataclass
@@ -23,6 +17,7 @@ class LocalRoles:
     policy: PolicyRole
     rollout: RolloutRole
     reward: RewardRole
+    teacher: None = None
 
     def sync_weights(self) -> int:
         """After an update: the engine holds the policy module itself, nothing travels."""
@@ -33,14 +28,19 @@ class LocalRoles:
 
 
 def place_local(
-    config_path: str, opts: Sequence[str], build_objective_fn: ObjectiveBuilder, run_dir: str
+    config: PosttrainConfig,
+    build_objective_fn: ObjectiveBuilder,
+    run_dir: str,
+    teacher: bool = False,
 ) -> LocalRoles:
-    ranks = resolve(config_path, opts).placement.policy_ranks
+    ranks = config.placement.policy_ranks
     if ranks != 1:
         raise ConfigError(
             f"placement.policy_ranks={ranks} needs placement.backend=ray (in-process placement "
             "runs one policy rank)"
         )
-    policy = PolicyRole(config_path, opts, build_objective_fn, run_dir)
-    rollout = RolloutRole(config_path, opts, model=policy.model)
-    return LocalRoles(policy, rollout, RewardRole(config_path, opts))
+    if teacher:
+        raise ConfigError("this build has no teacher role; use an entry without one")
+    policy = PolicyRole(config, build_objective_fn, run_dir)
+    rollout = RolloutRole(config, model=policy.model)
+    return LocalRoles(policy, rollout, RewardRole(config))

@@ -36,7 +36,7 @@ except ImportError as e:  # an optional extra
         f"placement.backend=ray needs Ray ({e}); install it with pip install 'posttrain[ray]'"
     ) from e
 
-from posttrain.entrypoints.common import BuilderError, check_builder
+from posttrain.config.user_code import BuilderError, check_builder
 from posttrain.placement.dispatch import shard_batch
 from posttrain.placement.errors import RoleFailedError
 from posttrain.placement.ray_host import (
@@ -182,6 +182,7 @@ class RayRoles:
     worker_configs: dict[str, dict[str, Any]]
     owns_ray: bool
     last_sync: dict[str, int] = field(default_factory=dict)
+    teacher: RemoteRole | None = None
 
     def sync_weights(self) -> int:
         """Rank 0's state dict goes into the object store once; the rollout actor loads it."""
@@ -202,10 +203,13 @@ def place_ray(
     opts: Sequence[str],
     build_objective_fn: ObjectiveBuilder,
     run_dir: str,
+    teacher: bool = False,
 ) -> RayRoles:
     """Start (or join) Ray, place every role as an actor, and check what each one resolved."""
     check_builder(build_objective_fn)
     _check_serialisable(build_objective_fn)
+    if teacher:
+        raise ConfigError("this build has no teacher role; use an entry without one")
     pc = config.placement
     ranks = pc.policy_ranks
     owns_ray = _connect(pc.ray_address, cpus_needed=pc.cpus_per_role * (ranks + 2))
@@ -259,11 +263,11 @@ def _start_roles(actors, config_path, opts, builder, run_dir, ranks, device, bac
     for r in range(ranks):
         name = f"policy rank {r}"
         spec = group[r] if group else None
-        args = (config_path, opts, builder, run_dir)
-        calls.append((name, h[name].start.remote(PolicyRole, args, {"device": device}, spec)))
-    calls.append(("rollout", h["rollout"].start.remote(RolloutRole, (config_path, opts),
+        kwargs = {"build_objective_fn": builder, "run_dir": run_dir, "device": device}
+        calls.append((name, h[name].start.remote(PolicyRole, config_path, opts, kwargs, spec)))
+    calls.append(("rollout", h["rollout"].start.remote(RolloutRole, config_path, opts,
                                                        {"device": device})))  # fmt: skip
-    calls.append(("reward", h["reward"].start.remote(RewardRole, (config_path, opts), {})))
+    calls.append(("reward", h["reward"].start.remote(RewardRole, config_path, opts, {})))
     return calls
 
 

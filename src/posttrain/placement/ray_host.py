@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from posttrain.config import to_dict
+from posttrain.config import load_config, to_dict
 
 
 @dataclass(frozen=True)
@@ -83,11 +83,13 @@ class RoleHost:
     def start(
         self,
         role_cls: type,
-        args: Sequence[Any],
+        config_path: str,
+        opts: Sequence[str],
         kwargs: Mapping[str, Any],
         group: GroupSpec | None = None,
     ) -> dict[str, Any]:
-        """Join the policy group if any, construct the role; return the config it resolved."""
+        """Join the policy group if any, resolve the config in this process, construct the
+        role with it; return the config it resolved (the driver compares)."""
         if group is not None:
             import torch.distributed as dist
 
@@ -98,8 +100,9 @@ class RoleHost:
                 world_size=group.world_size,
                 timeout=timedelta(seconds=group.timeout_s),
             )
-        self.role = role_cls(*args, **kwargs)
-        return to_dict(self.role.config)
+        config = load_config(config_path, ["--", *opts])
+        self.role = role_cls(config, **kwargs)
+        return to_dict(config)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.role, method)(*args, **kwargs)

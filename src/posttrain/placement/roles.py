@@ -1,9 +1,9 @@
 """The roles of an online RL run, as plain classes with plain methods.
 
-Each role rebuilds the resolved config from ``config_path`` plus the override list, so a role
-placed in another process (a Ray actor) sees exactly what the driver resolved, never a pickled
-driver object. ``placement.local`` instantiates them in-process; ``placement.ray`` wraps the same
-classes as actors.
+A role takes the resolved config of its process: ``placement.local`` resolves once for all the
+roles it builds in the driver; a Ray actor resolves ``config_path`` plus the override list in its
+own process (``ray_host``), so it sees exactly what the driver resolved, never a pickled driver
+object. Both construct these same classes.
 """
 
 from __future__ import annotations
@@ -16,20 +16,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posttrain.config import PosttrainConfig, load_config, to_dict
+from posttrain.config import PosttrainConfig, to_dict
 from posttrain.config.build import objective_context
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.loading import load_policy
+from posttrain.model.protocol import model_capabilities, require_trainable
 from posttrain.reward import RewardStage
+from posttrain.reward.stage import RewardResult
 from posttrain.rollout import Rollout, TorchRolloutEngine
 from posttrain.trainer import CheckpointManager, LLMTrainer, ResumeState
 
 ObjectiveBuilder = Callable[[Any, Any], Any]
-
-
-def resolve(config_path: str, opts: Sequence[str]) -> PosttrainConfig:
-    return load_config(config_path, ["--", *opts])
 
 
 class PolicyRole:
@@ -37,17 +35,19 @@ class PolicyRole:
 
     def __init__(
         self,
-        config_path: str,
-        opts: Sequence[str],
+        config: PosttrainConfig,
         build_objective_fn: ObjectiveBuilder,
         run_dir: str,
         device: str | None = None,
     ) -> None:
-        self.config = cfg = resolve(config_path, opts)
+        self.config = cfg = config
         # Master weights stay float32; model.dtype=bfloat16 becomes bf16 autocast in the trainer.
         self.model, self.tokenizer = load_policy(
             cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", device
         )
+        claim = cfg.model.certified_deterministic_forward
+        self.capabilities = model_capabilities(self.model, certified_deterministic_forward=claim)
+        require_trainable(self.capabilities, cfg.model.name_or_path)
         reference = None
         if cfg.rl.kl_beta > 0:
             reference, _ = load_policy(cfg.model.name_or_path, None, cfg.model.dtype, device)
@@ -116,12 +116,11 @@ class RolloutRole:
 
     def __init__(
         self,
-        config_path: str,
-        opts: Sequence[str],
+        config: PosttrainConfig,
         model: nn.Module | None = None,
         device: str | None = None,
     ) -> None:
-        self.config = cfg = resolve(config_path, opts)
+        self.config = cfg = config
         if model is None:
             model, tokenizer = load_policy(
                 cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", device
@@ -162,8 +161,8 @@ class RolloutRole:
 class RewardRole:
     """Scores complete groups and annotates advantages before dispatch."""
 
-    def __init__(self, config_path: str, opts: Sequence[str]) -> None:
-        self.config = cfg = resolve(config_path, opts)
+    def __init__(self, config: PosttrainConfig) -> None:
+        self.config = cfg = config
         rw = cfg.reward
         self.stage = RewardStage(
             verifier=rw.verifier,
@@ -176,12 +175,10 @@ class RewardRole:
             dtype=_float_dtype(cfg.model.dtype),
         )
 
-    def score(
-        self, rollout: Rollout, items: Sequence[TaskItem]
-    ) -> tuple[TrajectoryBatch, dict[str, float]]:
+    def score(self, rollout: Rollout, items: Sequence[TaskItem]) -> RewardResult:
+        """The annotated batch, its metrics and per-row scores (row ``i`` of the rollout)."""
         rows = [items[i] for i in rollout.prompt_index.tolist()]
-        result = self.stage(rollout.batch, list(rollout.texts), rows, truncated=rollout.truncated)
-        return result.batch, result.metrics
+        return self.stage(rollout.batch, list(rollout.texts), rows, truncated=rollout.truncated)
 
     def evaluate(self, completions: Sequence[str], items: Sequence[TaskItem]):
         """Held-out metrics and the per-row scores behind them (each row scored once)."""

@@ -155,10 +155,6 @@ class RewardStage:
             functions={k: torch.tensor(v, dtype=f64) for k, v in fn_vals.items()},
         )
 
-    def evaluate(self, completions: Sequence[str], items: Sequence[TaskItem]) -> dict[str, float]:
-        """Held-out metrics: accuracy, reward mean and format fraction (no advantages)."""
-        return self.metrics_of(self.score(completions, items))
-
     @staticmethod
     def metrics_of(s: RowScores) -> dict[str, float]:
         """The held-out metrics of already-scored rows."""

@@ -7,18 +7,15 @@ k3 = ``exp(d) - 1 - d`` (unbiased and non-negative; GRPO's default KL anchor).
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
 from posttrain.algorithm.primitives._checks import as_bool_mask, check_finite, check_shape
-
-KLEstimator = Literal["k1", "k2", "k3"]
+from posttrain.algorithm.primitives.choices import KLEstimator
 
 
 def kl_penalty(
-    logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k3"
+    logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: KLEstimator = "k3"
 ) -> Tensor:
     """``[B, T]`` per-token KL estimate, exactly zero where ``mask`` is zero."""
     check_finite("logprobs", logprobs)

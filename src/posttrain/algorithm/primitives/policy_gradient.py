@@ -8,18 +8,12 @@ that padding can never leak NaN into gradients.
 
 from __future__ import annotations
 
-import typing
-from typing import Literal
-
 import torch
 from torch import Tensor
 
 from posttrain.algorithm.primitives._checks import as_bool_mask, check_finite, check_shape
+from posttrain.algorithm.primitives.choices import LOSS_TYPES
 
-LossType = Literal[
-    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-fixed"
-]
-LOSS_TYPES: tuple[str, ...] = typing.get_args(LossType)
 #: Upper clamp on the sequence-level log-ratio (GSPO): exp(10) ~ 2.2e4.
 SEQUENCE_LOG_RATIO_CAP = 10.0
 

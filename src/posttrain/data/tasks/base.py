@@ -8,7 +8,7 @@ that resume needs; the item at a cursor is computed directly, never by replaying
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,13 +64,6 @@ class TaskSource:
         if count < 0:
             raise ValueError(f"task source {self.name!r}: count must be >= 0, got {count}")
         return [self.item_at(seed, c) for c in range(cursor, cursor + count)], cursor + count
-
-    def train_items(self, seed: int, start: int = 0) -> Iterator[TaskItem]:
-        """The endless train stream for ``seed``, beginning at cursor ``start``."""
-        cursor = start
-        while True:
-            yield self.item_at(seed, cursor)
-            cursor += 1
 
     def _permutation(self, seed: int, epoch: int) -> np.ndarray:
         if seed < 0:

@@ -1,6 +1,6 @@
 """Generate ``docs/reference/config.md`` from the schema and the preflight rules.
 
-``python -m posttrain.config.reference PATH`` writes the file (``make docs``);
+``python -m posttrain.control.reference PATH`` writes the file (``make docs``);
 ``--check`` exits 1 when PATH differs from what the code would generate.
 """
 
@@ -41,7 +41,10 @@ rebuild the same config from the same two inputs.
 - Overrides follow `--` as `section.key=value`, applied in order (the last one wins). Values are
   YAML 1.2 scalars or flow lists (`rl.lr=1e-3`, `reward.functions=[pkg.mod:fn]`,
   `model.tokenizer_path=null`); text fields take the value verbatim. Every key already exists, so
-  there are no `+`/`~` prefixes.
+  there are no `+`/`~` prefixes. `section.key=@default` resets a key to its default (e.g.
+  `data.train_size=@default` when switching a recipe's generated task to `data.task=jsonl`).
+- `reward.functions` entries are `module:function` names imported as `python -m` would, with the
+  working directory searched first; preflight imports each one and checks its signature.
 - Types are strict: an integer field rejects `true` and `2.5`, a boolean field rejects `1`.
 - Every mistake is a one-line error naming the key (the CLI exits with status 2): an unknown key
   suggests the nearest valid one, a retired key names its replacement.
