@@ -51,7 +51,8 @@ DPO_DEMO := outputs/dpo/demo
 demo-dpo: install
 	rm -rf $(DPO_DEMO) outputs/dpo/demo_dpo outputs/dpo/demo_sft_winners
 	$(BIN)/posttrain dpo pretrain --out $(DPO_DEMO)/base
-	$(BIN)/posttrain dpo make-pairs --model $(DPO_DEMO)/base --out $(DPO_DEMO)/pairs
+	$(BIN)/posttrain dpo make-pairs --model $(DPO_DEMO)/base --out $(DPO_DEMO)/pairs \
+		--candidates 6 --valid-only
 	$(BIN)/posttrain dpo --config dpo_shapes -- job.name=demo_dpo
 	$(BIN)/posttrain dpo --config dpo_shapes -- job.name=demo_sft_winners dpo.loss=sft_chosen
 	$(BIN)/python examples/dpo_demo_summary.py outputs/dpo $(DPO_DEMO)

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import Tensor
 
-from posttrain.config import PosttrainConfig, load_config, to_dict
+from posttrain.config import PosttrainConfig, to_dict
 from posttrain.data.images import PairBatch
 from posttrain.model.diffusion import load_pipeline, sample
 from posttrain.trainer import CheckpointManager, ResumeState
@@ -27,13 +27,12 @@ class DiffusionPolicyRole:
 
     def __init__(
         self,
-        config_path: str,
-        opts: Sequence[str],
+        config: PosttrainConfig,
         build_trainer_fn: TrainerBuilder,
         run_dir: str,
         device: str | None = None,
     ) -> None:
-        self.config = cfg = load_config(config_path, ["--", *opts])
+        self.config = cfg = config
         unet, self.scheduler = load_pipeline(cfg.model.name_or_path, device or "cpu")
         self.trainer = build_trainer_fn(cfg, unet, self.scheduler, device)
         self.model = self.trainer.model
@@ -92,7 +91,7 @@ def place_diffusion(
 ):
     """The policy role where ``placement.backend`` says (``.policy``, ``.close()``)."""
     if config.placement.backend == "local":
-        return LocalDiffusion(DiffusionPolicyRole(config_path, opts, build_trainer_fn, run_dir))
+        return LocalDiffusion(DiffusionPolicyRole(config, build_trainer_fn, run_dir))
     return _place_ray(config, config_path, opts, build_trainer_fn, run_dir)
 
 
@@ -126,8 +125,10 @@ def _place_ray(config, config_path, opts, build_trainer_fn, run_dir) -> RayDiffu
                      runtime_env={"env_vars": env})
             .remote(pc.torch_threads_per_process, os.getcwd())
         )  # fmt: skip
-        args = (config_path, list(opts), build_trainer_fn, run_dir)
-        start = actors.handles[name].start.remote(DiffusionPolicyRole, args, {"device": device})
+        kwargs = {"build_trainer_fn": build_trainer_fn, "run_dir": run_dir, "device": device}
+        start = actors.handles[name].start.remote(
+            DiffusionPolicyRole, config_path, list(opts), kwargs
+        )
         resolved = actors.gather([(name, start)], START_TIMEOUT_S)[0]
         _check_worker_configs(to_dict(config), {name: resolved})
     except BaseException:
