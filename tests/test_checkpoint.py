@@ -22,6 +22,7 @@ from posttrain.trainer import (
     PoisonedStateError,
     ResumeError,
 )
+from posttrain.trainer.manifest import CorruptCheckpointError, write_manifest
 from posttrain.trainer.rng import get_rng_state, set_rng_state
 
 CONFIG = {"job": {"name": "t"}, "rl": {"max_steps": 4, "lr": 1e-2}, "logging": {"every": 1}}
@@ -86,22 +87,25 @@ def test_layout_loads_with_from_pretrained_and_weights_only(saved):
     }
 
 
-def test_half_written_and_incomplete_dirs_are_ignored_with_a_warning(saved):
+def test_half_written_and_incomplete_dirs_are_skipped_with_a_warning(saved):
     _, manager, path = saved
     (manager.root / ".tmp-step_00000009" / "model").mkdir(parents=True)
     (manager.root / "step_00000008").mkdir()
     with pytest.warns(UserWarning) as record:
-        assert manager.latest() == path
+        assert manager.resume(make_trainer(), mode="must", config=CONFIG).path == path
     text = " ".join(str(w.message) for w in record)
-    assert "half-written checkpoint" in text and ".tmp-step_00000009" in text
-    assert "incomplete checkpoint" in text and "step_00000008" in text
+    assert "removing half-written checkpoint" in text and ".tmp-step_00000009" in text
+    assert "step_00000008 does not verify: no COMPLETE marker" in text
+    assert sorted(p.name for p in manager.root.iterdir()) == [
+        ".corrupt-step_00000008", "step_00000001",
+    ]  # fmt: skip
 
 
 def test_keep_last_k(saved):
     trainer, manager, _ = saved
     for step in (2, 3, 4):
         manager.save(step, trainer, config=CONFIG)
-    assert [p.name for _, p in manager.complete()] == ["step_00000003", "step_00000004"]
+    assert sorted(p.name for p in manager.root.iterdir()) == ["step_00000003", "step_00000004"]
     assert not list(manager.root.glob(".tmp-*"))
 
 
@@ -167,6 +171,9 @@ def test_load_refuses_other_dtype_and_world_size(saved):
         manager.load(path, make_trainer(dtype=torch.float64), config=CONFIG)
     meta = json.loads((path / "meta.json").read_text())
     (path / "meta.json").write_text(json.dumps({**meta, "world_size": 2}))
+    with pytest.raises(CorruptCheckpointError, match="meta.json has .* bytes"):
+        manager.load(path, make_trainer(), config=CONFIG)
+    write_manifest(path, 1)  # as if 2 ranks had written it
     with pytest.raises(ResumeError, match="written by 2 data-parallel ranks"):
         manager.load(path, make_trainer(), config=CONFIG)
 

@@ -69,7 +69,7 @@ def test_kill_during_save_then_resume_is_bit_exact(tmp_path):
     resumed = launch(killed_root, tmp_path / "c.log", "auto")
     _, err = resumed.communicate(timeout=120)
     assert resumed.returncode == 0, err
-    assert "ignoring half-written checkpoint" in err
+    assert "removing half-written checkpoint" in err
 
     a, b, c = (read_log(tmp_path / f"{x}.log") for x in "abc")
     assert sorted(a) == list(range(1, STEPS + 1)) and sorted(c) == [4, 5, 6]

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from posttrain.metrics import open_sinks
+from posttrain.metrics.sinks import MetricsFileError
 
 
 def _rows(path):
@@ -54,5 +55,5 @@ def test_resume_drops_a_torn_last_line(tmp_path):
     open_sinks(tmp_path, resume_step=2).close()
     assert [r["step"] for r in _rows(path)] == [1]
     path.write_text('{"step": 1}\n{"step": 2, "x\n{"step": 3}\n')
-    with pytest.raises(FileNotFoundError, match="metrics.jsonl:2"):
+    with pytest.raises(MetricsFileError, match="metrics.jsonl:2"):
         open_sinks(tmp_path, resume_step=3)

@@ -231,7 +231,7 @@ def test_nonfinite_step_is_skipped_counted_and_named():
     trainer.step(batch())
     before = params(trainer.model)
     opt_before = copy.deepcopy(trainer.optimizer.state_dict())
-    with pytest.warns(UserWarning, match="step 1: non-finite loss"):
+    with pytest.warns(UserWarning, match="optimizer step 2: non-finite loss"):
         m = trainer.step(batch())
     assert m["train/skipped_nonfinite"] == 1 and m["train/skipped_nonfinite_total"] == 1
     assert all(torch.equal(a, b) for a, b in zip(before, params(trainer.model), strict=True))

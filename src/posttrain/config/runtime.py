@@ -97,3 +97,8 @@ class CheckpointConfig(Section):
     keep_last: int = Field(
         2, ge=1, description="Keep this many most recent checkpoints; older ones are deleted."
     )
+    save_on_signal: bool = Field(
+        True,
+        description="On SIGINT/SIGTERM, finish the current step and save a checkpoint before "
+        "exiting (a second signal stops at once); false stops at once without saving.",
+    )

@@ -145,6 +145,12 @@ class DataConfig(Section):
         description="`plain` feeds the question text as is; `chat` applies the tokenizer's "
         "chat template.",
     )
+    prompt_truncation: Literal["error", "left", "right"] = Field(
+        "error",
+        description="A prompt longer than the model's context minus `rollout.max_tokens`: "
+        "`error` refuses the run naming the row; `left` drops the start of the question text "
+        "(keeps its end), `right` drops its end; truncated rows are counted in a warning.",
+    )
 
     @field_validator("operators")
     @classmethod

@@ -11,9 +11,9 @@ Adding a command is a few lines::
 
 and appending ``_add_grpo`` to :data:`COMMANDS`.
 
-A :class:`~posttrain.config.ConfigError` from any handler prints one line to stderr and exits 2,
-without a traceback. Handlers import what they need when they run, so ``posttrain --help``
-answers without loading torch.
+User errors from any handler print one line to stderr and exit non-zero without a traceback
+(:mod:`posttrain.entrypoints.guard`); ``posttrain --debug ...`` shows it. Handlers import what
+they need when they run, so ``posttrain --help`` answers without loading torch.
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib import resources
 
-#: Exit status for a user error in the config or the overrides.
-EXIT_CONFIG_ERROR = 2
-#: Exit status for another user error (a reward function that raises, a bad data row, ...).
-EXIT_RUN_ERROR = 1
+from posttrain.entrypoints.guard import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, run_guarded
+
+__all__ = ["EXIT_CONFIG_ERROR", "EXIT_RUN_ERROR", "build_parser", "main", "run_guarded"]
 
 
 def config_show(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -194,37 +193,14 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Errors caused by input a user controls: reported in one line, never with a traceback."""
-    from posttrain.data.tasks import TaskDataError
-    from posttrain.metrics.plot import PlotError
-    from posttrain.placement.errors import RoleFailedError
-    from posttrain.reward import RewardError
-    from posttrain.trainer import TrainerError
-
-    return (RewardError, TaskDataError, TrainerError, RoleFailedError, PlotError, FileNotFoundError)
-
-
-def run_guarded(fn: Callable[[], int]) -> int:
-    """Run ``fn``; a config error exits 2, another user error exits 1, each as one line."""
-    from posttrain.config import ConfigError
-
-    try:
-        return fn()
-    except ConfigError as e:
-        print(f"posttrain: error: {e}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
-    except user_errors() as e:
-        print(f"posttrain: error: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_RUN_ERROR
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="posttrain",
         description="RL post-training. Config overrides follow `--` as section.key=value.",
         epilog="example: posttrain config show --config arithmetic -- rl.max_steps=10",
     )
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of a user error (or set POSTTRAIN_DEBUG=1)")  # fmt: skip
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
@@ -245,7 +221,7 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     args_part, overrides = split_argv(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(args_part)
-    return run_guarded(lambda: args.handler(args, overrides))
+    return run_guarded(lambda: args.handler(args, overrides), debug=args.debug)
 
 
 if __name__ == "__main__":

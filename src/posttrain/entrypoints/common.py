@@ -9,6 +9,7 @@ from pathlib import Path
 
 from posttrain.config import PosttrainConfig, to_yaml
 from posttrain.data.tasks import TaskItem, format_prompt
+from posttrain.fileio import atomic_write_text
 
 
 def quiet_libraries() -> None:
@@ -24,9 +25,7 @@ def quiet_libraries() -> None:
 
 def write_resolved_config(config: PosttrainConfig, run_dir: Path) -> None:
     """The resolved config of the run (what every role rebuilt), written atomically."""
-    tmp = run_dir / ".config.yaml.tmp"
-    tmp.write_text(to_yaml(config))
-    tmp.replace(run_dir / "config.yaml")
+    atomic_write_text(run_dir / "config.yaml", to_yaml(config))
 
 
 def default_out_dir(config: PosttrainConfig) -> Path:
@@ -43,15 +42,16 @@ def encode_prompts(items: Sequence[TaskItem], template: str, tokenizer) -> list[
 def write_samples(path: Path, items, completions, scores, advantages=None) -> None:
     """One JSON row per completion (row ``i`` scored as ``scores`` row ``i``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for i, (item, text) in enumerate(zip(items, completions, strict=True)):
-            row = {
-                "prompt": item.prompt,
-                "answer": item.answer,
-                "completion": text,
-                "reward": float(scores.rewards[i]),
-                "correct": bool(scores.correct[i]),
-            }
-            if advantages is not None and advantages.dim() == 1:  # per-token ones stay out
-                row["advantage"] = float(advantages[i])
-            f.write(json.dumps(row) + "\n")
+    rows = []
+    for i, (item, text) in enumerate(zip(items, completions, strict=True)):
+        row = {
+            "prompt": item.prompt,
+            "answer": item.answer,
+            "completion": text,
+            "reward": float(scores.rewards[i]),
+            "correct": bool(scores.correct[i]),
+        }
+        if advantages is not None and advantages.dim() == 1:  # per-token ones stay out
+            row["advantage"] = float(advantages[i])
+        rows.append(json.dumps(row) + "\n")
+    atomic_write_text(path, "".join(rows))

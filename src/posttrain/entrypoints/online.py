@@ -13,6 +13,7 @@ loss math.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
@@ -25,6 +26,9 @@ from posttrain.config.user_code import check_builder
 from posttrain.control import run_preflight
 from posttrain.data.tasks import TaskItem, TaskSource, make_task_source
 from posttrain.entrypoints.common import encode_prompts, write_resolved_config, write_samples
+from posttrain.entrypoints.input_checks import check_inputs
+from posttrain.entrypoints.run_lock import RunLock, prepare_run_dir
+from posttrain.entrypoints.signals import GracefulStop
 from posttrain.metrics import open_sinks
 from posttrain.model.loading import load_tokenizer
 from posttrain.model.tiny import build_tiny_model
@@ -56,14 +60,15 @@ def run(
     for message in run_preflight(resolved):
         log.warning("preflight: %s", message)
     tasks = build_tasks(resolved)  # data errors surface before any model loads
-    run_dir = Path(out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ensure_model(resolved)
-    roles = _place(resolved, config_path, opts, build_objective_fn, run_dir, teacher)
-    try:
-        return loop(resolved, roles, tasks, run_dir)
-    finally:
-        roles.close()
+    run_dir = prepare_run_dir(out_dir)
+    with RunLock(run_dir):  # one writer per run directory
+        ensure_model(resolved)
+        tasks = check_inputs(resolved, tasks)
+        roles = _place(resolved, config_path, opts, build_objective_fn, run_dir, teacher)
+        try:
+            return loop(resolved, roles, tasks, run_dir)
+        finally:
+            roles.close()
 
 
 def _refuse_driver_edits(driver: PosttrainConfig, resolved: PosttrainConfig) -> None:
@@ -182,6 +187,7 @@ def loop(config: PosttrainConfig, roles, tasks: TaskSource, run_dir: Path) -> di
         summary["initial_val_accuracy"] = first["val/accuracy"]
     bar = _progress(config, start)
     began = time.perf_counter()
+    stop = GracefulStop(config.checkpoint.save_on_signal, state.path if state else None).install()
     try:
         for step in range(start + 1, rl.max_steps + 1):
             t0 = time.perf_counter()
@@ -207,10 +213,13 @@ def loop(config: PosttrainConfig, roles, tasks: TaskSource, run_dir: Path) -> di
                 record.update(evaluate(config, roles, tokenizer, val_items, run_dir, step))
                 summary["final_val_accuracy"] = record["val/accuracy"]
             sink.write(step, record)
-            if (rl.save_every and step % rl.save_every == 0) or step == rl.max_steps:
-                roles.policy.save(step, {"cursor": cursor})
+            save = functools.partial(roles.policy.save, step, {"cursor": cursor})
+            due = (rl.save_every and step % rl.save_every == 0) or step == rl.max_steps
+            saved = save() if due else None
             _advance(bar, record)
+            stop.after_step(step, saved, save)  # a signal stops here, after a checkpoint
     finally:
+        stop.uninstall()
         sink.close()
         if bar is not None:
             bar.close()

@@ -10,6 +10,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from posttrain.fileio import atomic_write_text
+
+
+class MetricsFileError(ValueError):
+    """``metrics.jsonl`` is damaged in a way resume cannot repair (a bad line before the last)."""
+
 
 class MetricSink(Protocol):
     def write(self, step: int, metrics: Mapping[str, float]) -> None: ...
@@ -34,7 +40,7 @@ def _complete_lines(path: Path) -> list[str]:
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 return lines[:-1]
-            raise FileNotFoundError(
+            raise MetricsFileError(
                 f"{path}:{i + 1} is not valid JSON; the metrics file is damaged (move it aside)"
             ) from None
     return lines
@@ -46,8 +52,9 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 class JsonlSink:
-    """Appends one line per step; on resume, lines past the resumed step are dropped first so
-    the file reads as if the run had never stopped."""
+    """Append-only, one fsynced line per step. On resume, lines past the resumed step (and a torn
+    last line) are dropped by writing the kept lines to a temp file that is renamed over the old
+    one, so a kill at any moment leaves either the old history or the trimmed one, never less."""
 
     def __init__(self, path: str | os.PathLike, resume_step: int | None = None) -> None:
         self.path = Path(path)
@@ -58,7 +65,7 @@ class JsonlSink:
                 for line in _complete_lines(self.path)
                 if json.loads(line)["step"] <= resume_step
             ]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
         elif resume_step is None and self.path.exists():
             self.path.unlink()
         self._f = self.path.open("a")
@@ -66,6 +73,7 @@ class JsonlSink:
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         self._f.write(json.dumps({"step": step, **_plain(metrics)}, sort_keys=True) + "\n")
         self._f.flush()
+        os.fsync(self._f.fileno())
 
     def close(self) -> None:
         self._f.close()

@@ -7,7 +7,16 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from posttrain.model.errors import ModelLoadError
 from posttrain.model.tokenizer import load_tokenizer
+
+#: Any of these beside config.json means the folder holds weights.
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -27,6 +36,27 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def check_model_folder(name_or_path: str | Path) -> Path:
+    """The folder as a path, once it is known to hold a config and weights (one-line errors)."""
+    path = Path(name_or_path)
+    if not path.is_dir():
+        raise ModelLoadError(
+            f"model.name_or_path {str(name_or_path)!r} is not a local directory; models are "
+            "loaded offline: point it at a Hugging Face folder (config.json + weights), or "
+            "create one with `posttrain model tiny` / `posttrain model import-gguf`"
+        )
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(
+            f"model folder {str(path)!r} has no config.json; is it an HF model folder?"
+        )
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise ModelLoadError(
+            f"model folder {str(path)!r} has a config.json but no weights ({' or '.join(WEIGHT_FILES[::2])}); "
+            "copy the weights there, or point model.name_or_path at a complete model folder"
+        )
+    return path
+
+
 def load_policy(
     name_or_path: str | Path,
     tokenizer_path: str | Path | None = None,
@@ -39,26 +69,23 @@ def load_policy(
     EOS token as pad (padding is always masked, so the choice only needs to be a valid id).
     The model is returned in eval mode; the trainer switches modes itself.
     """
-    path = Path(name_or_path)
-    if not path.is_dir():
-        raise ValueError(
-            f"model.name_or_path {str(name_or_path)!r} is not a local directory; models are "
-            "loaded offline: point it at a Hugging Face folder (config.json + weights), or "
-            "create one with `posttrain model tiny` / `posttrain model import-gguf`"
-        )
-    if not (path / "config.json").is_file():
-        raise ValueError(
-            f"model folder {str(path)!r} has no config.json; is it an HF model folder?"
-        )
+    path = check_model_folder(name_or_path)
     torch_dtype = resolve_dtype(dtype)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+    except Exception as e:  # transformers/safetensors raise many types for a damaged folder
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelLoadError(
+            f"model folder {str(path)!r}: the weights do not load ({type(e).__name__}: "
+            f"{first[:200]}); they may be truncated or damaged: copy them again"
+        ) from e
     if device is not None:
         model = model.to(device)
     model.eval()
     tokenizer = load_tokenizer(tokenizer_path if tokenizer_path is not None else path)
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token is None:
-            raise ValueError(
+            raise ModelLoadError(
                 f"tokenizer at {str(tokenizer_path or path)!r} has neither a pad nor an eos "
                 "token; add one of them to its special tokens"
             )

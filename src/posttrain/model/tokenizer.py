@@ -15,6 +15,8 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from posttrain.model.errors import ModelLoadError
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
 # Digits and arithmetic first so their ids stay small and stable across vocabulary growth.
@@ -75,14 +77,24 @@ def is_char_level(path: str | Path) -> bool:
     try:
         return bool(json.loads(cfg_path.read_text()).get(CHAR_LEVEL_MARKER, False))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{cfg_path}: not valid JSON ({e}); fix or regenerate the file") from e
+        raise ModelLoadError(f"{cfg_path}: not valid JSON ({e}); fix or regenerate the file") from e
 
 
 def load_tokenizer(path: str | Path):
     """Load a local tokenizer folder; never contacts a hub."""
     p = Path(path)
     if not p.is_dir():
-        raise ValueError(f"tokenizer path {str(p)!r} is not a directory; pass a local HF folder")
-    if is_char_level(p):
-        return PreTrainedTokenizerFast.from_pretrained(p, local_files_only=True)
-    return AutoTokenizer.from_pretrained(p, local_files_only=True)
+        raise ModelLoadError(
+            f"tokenizer folder {str(p)!r} (model.tokenizer_path, else model.name_or_path) is not "
+            "a directory; point it at a local HF folder with the tokenizer files"
+        )
+    try:
+        if is_char_level(p):
+            return PreTrainedTokenizerFast.from_pretrained(p, local_files_only=True)
+        return AutoTokenizer.from_pretrained(p, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(
+            f"tokenizer folder {str(p)!r} holds no usable tokenizer ({type(e).__name__}; "
+            "--debug shows it); copy the model's tokenizer files there or set "
+            "model.tokenizer_path to a folder that has them"
+        ) from e

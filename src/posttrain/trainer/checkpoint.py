@@ -7,10 +7,16 @@ Layout of ``root/step_00000042/``::
     data_state.pt    the caller's data cursor (tensors and plain values)
     rng_rank{r}.pt   python / numpy / torch RNG state of rank r
     meta.json        step, world size, objective identity, resolved config
-    COMPLETE         written last: a directory without it is ignored with a warning
+    manifest.json    size and SHA-256 of every file above
+    COMPLETE         written last: the step and the manifest's SHA-256
 
 Everything is written into ``root/.tmp-step_00000042`` first, fsynced, then renamed: a crash
-leaves either the previous checkpoints untouched or a temp/incomplete directory we skip.
+leaves either the previous checkpoints untouched or a temp/incomplete directory. Resume verifies
+a checkpoint against its manifest before loading anything and walks back from the newest to the
+newest one that verifies, warning about each one it skips (and moving it aside as
+``.corrupt-step_*``). Pruning removes a checkpoint's ``COMPLETE`` marker before its files.
+The manager assumes its caller owns the run directory (the run lock): resume deletes the temp
+directories of an interrupted save, the next prune the marker-less remains of an interrupted one.
 Only ``torch.load(weights_only=True)`` is ever used to read.
 """
 
@@ -28,15 +34,16 @@ from typing import Any
 
 import torch
 
+from posttrain.fileio import fsync_dir
 from posttrain.trainer import distributed as dp
-from posttrain.trainer.compat import RESUME_MUTABLE_KEYS, check_resume_compatible
+from posttrain.trainer.compat import RESUME_MUTABLE_KEYS, check_resume_compatible, resume_notes
 from posttrain.trainer.core import Trainer
 from posttrain.trainer.errors import CheckpointError, PoisonedStateError, ResumeError
+from posttrain.trainer.manifest import COMPLETE, CorruptCheckpointError, verify, write_manifest
 from posttrain.trainer.model_io import load_model_dir, save_model_dir
 from posttrain.trainer.rng import get_rng_state, set_rng_state
 
-FORMAT_VERSION = 1
-COMPLETE = "COMPLETE"
+FORMAT_VERSION = 2
 RESUME_MODES = ("auto", "off", "must")
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
 
@@ -68,15 +75,7 @@ def _fsync_tree(path: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(dirpath)
 
 
 class CheckpointManager:
@@ -105,27 +104,6 @@ class CheckpointManager:
                 found.append((int(m.group(1)), p))
         return sorted(found)
 
-    def complete(self) -> list[tuple[int, Path]]:
-        """Complete checkpoints, oldest first; incomplete ones are skipped with a warning."""
-        out = []
-        for step, path in self._step_dirs():
-            if (path / COMPLETE).exists():
-                out.append((step, path))
-            else:
-                warnings.warn(
-                    f"ignoring incomplete checkpoint {path} (no {COMPLETE} marker)", stacklevel=2
-                )
-        for tmp in sorted(self.root.glob(".tmp-step_*")) if self.root.is_dir() else []:
-            warnings.warn(
-                f"ignoring half-written checkpoint {tmp} (left by an interrupted save)",
-                stacklevel=2,
-            )
-        return out
-
-    def latest(self) -> Path | None:
-        done = self.complete()
-        return done[-1][1] if done else None
-
     def has_any(self) -> bool:
         """Whether ``root`` already holds checkpoint files of some run (complete or not)."""
         return self.root.is_dir() and (
@@ -142,7 +120,11 @@ class CheckpointManager:
         data_state: Any = None,
         tokenizer: object | None = None,
     ) -> Path:
-        """Write checkpoint ``step`` atomically; every data-parallel rank must call it."""
+        """Write checkpoint ``step`` atomically; every data-parallel rank must call it.
+
+        A failed or interrupted save removes its temp directory; the earlier checkpoints are
+        untouched either way. A full disk becomes a :class:`CheckpointError` saying so.
+        """
         if step < 0:
             raise ValueError(f"checkpoint step must be >= 0, got {step}")
         config = _jsonable(config, "config")
@@ -150,6 +132,21 @@ class CheckpointManager:
         _refuse_poisoned(trainer)
         name = f"step_{step:08d}"
         final, tmp = self.root / name, self.root / f".tmp-{name}"
+        try:
+            self._write(step, tmp, final, trainer, config, identity, data_state, tokenizer)
+        except BaseException as e:
+            if dp.rank() == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, OSError):
+                raise CheckpointError(
+                    f"could not write checkpoint step {step} to {final}: {e.strerror or e} "
+                    f"({e.filename or tmp}); free space there (or lower checkpoint.keep_last) and "
+                    "rerun: it resumes from the last complete checkpoint, which is untouched"
+                ) from e
+            raise
+        return final
+
+    def _write(self, step, tmp, final, trainer, config, identity, data_state, tokenizer) -> None:
         rank = dp.rank()
         if rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -172,38 +169,46 @@ class CheckpointManager:
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
         dp.barrier()
         if rank == 0:
-            (tmp / COMPLETE).write_text(f"{step}\n")
+            write_manifest(tmp, step)
             _fsync_tree(tmp)
             if final.exists():
-                trash = self.root / f".trash-{name}"
+                trash = self.root / f".trash-{final.name}"
                 os.rename(final, trash)
                 os.rename(tmp, final)
                 shutil.rmtree(trash)
             else:
                 os.rename(tmp, final)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             self._prune()
         dp.barrier()
-        return final
 
     def _prune(self) -> None:
+        """After a save: remove step directories without a marker (a prune that was stopped;
+        a save only ever renames complete ones into place), then all but the newest K."""
+        for _, path in self._step_dirs():
+            if not (path / COMPLETE).exists():
+                shutil.rmtree(path)
         if self.keep_last == 0:
             return
-        done = [(s, p) for s, p in self._step_dirs() if (p / COMPLETE).exists()]
-        for _, path in done[: -self.keep_last]:
+        for _, path in self._step_dirs()[: -self.keep_last]:
+            # Marker first: a prune killed midway leaves a directory that is visibly incomplete.
+            (path / COMPLETE).unlink()
+            fsync_dir(path)
             shutil.rmtree(path)
 
     # -- load / resume ---------------------------------------------------------------------
     def load(
         self, path: str | os.PathLike, trainer: Trainer, *, config: Mapping[str, Any]
     ) -> ResumeState:
-        """Restore model, trainer state and this rank's RNG from ``path`` after compat checks."""
+        """Verify ``path`` against its manifest, check compatibility, then restore model, trainer
+        state and this rank's RNG. Nothing is loaded from a checkpoint that does not verify."""
         path = Path(path)
-        if not (path / COMPLETE).exists():
-            raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE} marker)")
-        meta = json.loads((path / "meta.json").read_text())
+        m = _STEP_DIR.match(path.name)
+        if not m:
+            raise CheckpointError(f"{path} is not a checkpoint directory (step_NNNNNNNN)")
+        meta = verify(path, int(m.group(1)))
         if meta.get("format_version") != FORMAT_VERSION:
-            raise CheckpointError(
+            raise CorruptCheckpointError(
                 f"{path}: checkpoint format {meta.get('format_version')} is not {FORMAT_VERSION}"
             )
         check_resume_compatible(
@@ -214,6 +219,8 @@ class CheckpointManager:
             _jsonable(config, "config"),
             self.allowed_config_changes,
         )
+        for note in resume_notes(meta["config"], config):
+            warnings.warn(f"resuming from {path}: {note}", stacklevel=2)
         rank = dp.rank()
         if meta["world_size"] != dp.world_size():
             raise ResumeError(
@@ -234,9 +241,11 @@ class CheckpointManager:
     ) -> ResumeState | None:
         """Apply a resume mode; returns the loaded state, or None when starting fresh.
 
-        ``auto``: newest complete checkpoint if any, else fresh. ``must``: newest complete
-        checkpoint or an error. ``off``: fresh, and an error if ``root`` already holds another
-        run's checkpoints (starting over there would interleave two runs' files).
+        ``auto``: the newest checkpoint that verifies, else fresh when there is none at all.
+        ``must``: the newest checkpoint that verifies, or an error. Either way, checkpoints that
+        exist but do not verify are skipped with a warning and moved aside; if all of them fail,
+        resume stops rather than silently restart the run. ``off``: fresh, and an error if
+        ``root`` already holds another run's checkpoints (starting over would interleave them).
         """
         if mode not in RESUME_MODES:
             raise ValueError(f"resume mode must be one of {RESUME_MODES}, got {mode!r}")
@@ -248,12 +257,55 @@ class CheckpointManager:
                     "use resume=auto to continue it"
                 )
             return None
-        latest = self.latest()
-        if latest is None:
+        if dp.rank() == 0:
+            self._remove_leftovers()
+        dp.barrier()
+        candidates = self._step_dirs()
+        skipped: list[Path] = []
+        chosen = None
+        for step, path in reversed(candidates):
+            try:
+                verify(path, step)
+            except CorruptCheckpointError as e:
+                warnings.warn(f"{e}; skipping it and trying an older checkpoint", stacklevel=2)
+                skipped.append(path)
+                continue
+            chosen = path
+            break
+        dp.barrier()
+        if dp.rank() == 0:
+            for path in skipped:
+                self._quarantine(path)
+        if chosen is None:
+            if skipped:
+                raise ResumeError(
+                    f"rl.resume={mode}: none of the {len(skipped)} checkpoints under {self.root} "
+                    "verifies (moved aside as .corrupt-step_*); start over under a new job.name, "
+                    "or delete that directory"
+                )
             if mode == "must":
-                raise ResumeError(f"resume=must but {self.root} holds no complete checkpoint")
+                raise ResumeError(f"rl.resume=must but {self.root} holds no complete checkpoint")
             return None
-        return self.load(latest, trainer, config=config)
+        return self.load(chosen, trainer, config=config)
+
+    def _remove_leftovers(self) -> None:
+        """Delete the temp and trash directories an interrupted save left behind."""
+        if not self.root.is_dir():
+            return
+        for p in sorted(self.root.glob(".tmp-step_*")) + sorted(self.root.glob(".trash-step_*")):
+            warnings.warn(
+                f"removing half-written checkpoint {p} (an interrupted save)", stacklevel=3
+            )
+            shutil.rmtree(p)
+
+    def _quarantine(self, path: Path) -> None:
+        target = self.root / f".corrupt-{path.name}"
+        n = 1
+        while target.exists():
+            n += 1
+            target = self.root / f".corrupt-{path.name}.{n}"
+        os.rename(path, target)
+        warnings.warn(f"moved the damaged checkpoint {path} aside to {target}", stacklevel=3)
 
 
 def _refuse_poisoned(trainer: Trainer) -> None:

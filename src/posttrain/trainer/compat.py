@@ -2,10 +2,13 @@
 
 Configs are compared as flat dotted keys (``rl.max_steps``). A key may differ on resume only if it
 matches one of the ``allowed`` glob patterns; the defaults cover how long the run goes, how often
-it saves, evaluates and logs, and the resume mode itself, none of which changes the math of the
-steps already taken or still to take. Anything else (learning rate, loss type, model, seed, data)
-would continue a different experiment under the same name, so it is refused. The objective
-identity must match exactly: it is what defines the algorithm.
+it saves, evaluates and logs, what it does on a signal, and the resume mode itself. None of these
+changes the math of the steps already taken, and all but one leave the steps still to take alone:
+``rl.max_steps`` is also the horizon of a decaying ``rl.lr_schedule`` (linear, cosine), so with
+such a schedule a new ``rl.max_steps`` re-shapes the remaining learning rates (resume warns,
+see :func:`resume_notes`); with ``constant`` it only changes where the run stops. Anything else
+(learning rate, loss type, model, seed, data) would continue a different experiment under the same
+name, so it is refused. The objective identity must match exactly: it defines the algorithm.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ RESUME_MUTABLE_KEYS: tuple[str, ...] = (
     "rl.eval_every",
     "rl.resume",
     "checkpoint.keep_last",
+    "checkpoint.save_on_signal",
     "logging.*",
 )
 
@@ -88,3 +92,17 @@ def check_resume_compatible(
             f"({_describe(saved_config, config, cfg)}); only {list(allowed)} may change on "
             "resume. Restore those values or start a new job.name"
         )
+
+
+def resume_notes(saved_config: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    """Allowed changes that still change the math of the remaining steps, as warnings."""
+    a, b = flatten(saved_config), flatten(config)
+    schedule = b.get("rl.lr_schedule", "constant")
+    old, new = a.get("rl.max_steps"), b.get("rl.max_steps")
+    if old == new or schedule == "constant":
+        return []
+    return [
+        f"rl.max_steps changed from {old} to {new} with rl.lr_schedule={schedule}: the learning "
+        f"rate now decays over {new} steps, so the remaining steps' learning rates differ from "
+        f"the original run's (keep rl.max_steps={old} to continue it exactly)"
+    ]

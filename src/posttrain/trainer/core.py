@@ -23,6 +23,7 @@ from typing import Any, Protocol, Self
 import torch
 from torch import nn
 
+from posttrain.algorithm.primitives._checks import NonFiniteInputError
 from posttrain.algorithm.primitives.objective import (
     MetricReduce,
     Objective,
@@ -31,7 +32,12 @@ from posttrain.algorithm.primitives.objective import (
     combine,
 )
 from posttrain.trainer import distributed as dp
-from posttrain.trainer.accumulate import accumulate_gradients, row_chunks, split_evenly
+from posttrain.trainer.accumulate import (
+    Accumulation,
+    accumulate_gradients,
+    row_chunks,
+    split_evenly,
+)
 from posttrain.trainer.errors import NonFiniteTrainingError
 from posttrain.trainer.optim import build_optimizer, build_scheduler
 
@@ -229,9 +235,13 @@ class Trainer:
         chunks = [batch[s] for s in row_chunks(len(batch), self.micro_batch_size)]
         if self.objective.reduction is Reduction.MEAN and len({len(c) for c in chunks}) > 1:
             self._warn_unequal_mean_chunks([len(c) for c in chunks])
-        acc = accumulate_gradients(
-            self.model, self.objective, chunks, forward_context=self.forward_context
-        )
+        try:
+            acc = accumulate_gradients(
+                self.model, self.objective, chunks, forward_context=self.forward_context
+            )
+        except NonFiniteInputError:
+            # NaN/inf log-probs (a diverged policy) take the path of a NaN loss: skip and count.
+            acc = Accumulation(math.nan, math.nan, len(chunks))
         public = self.objective.metric_adapter.adapt(acc.metrics, "train")
         grad_norm = self._clip_and_norm()
         lr = self.lr
@@ -242,7 +252,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped_empty_total += 1
             warnings.warn(
-                f"step {self.global_step}: the objective weight is 0 on every rank (no response "
+                f"optimizer step {self.global_step + 1}: the objective weight is 0 on every rank (no response "
                 "token carries loss); update skipped",
                 stacklevel=2,
             )
@@ -262,7 +272,8 @@ class Trainer:
         metrics.update(public)
         if self.consecutive_nonfinite >= self.max_consecutive_nonfinite:
             raise NonFiniteTrainingError(
-                f"stopping at step {step}: {self.consecutive_nonfinite} consecutive optimizer "
+                f"stopping at optimizer step {step + 1} (train/optimizer_steps in the metrics): "
+                f"{self.consecutive_nonfinite} consecutive optimizer "
                 "steps had a non-finite loss or gradient (each was skipped, so the model and "
                 "optimizer are still those of the last good step); lower the learning rate, "
                 "set grad_clip, or inspect the data of these steps"
@@ -292,7 +303,8 @@ class Trainer:
         self.consecutive_nonfinite += 1
         self.skipped_nonfinite_total += 1
         warnings.warn(
-            f"step {self.global_step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
+            f"optimizer step {self.global_step + 1}: non-finite loss ({loss}) or gradient norm "
+            f"({grad_norm}); "
             f"update skipped ({self.consecutive_nonfinite}/{self.max_consecutive_nonfinite} "
             "consecutive before the run stops)",
             stacklevel=3,

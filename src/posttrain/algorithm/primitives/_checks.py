@@ -6,6 +6,10 @@ import torch
 from torch import Tensor
 
 
+class NonFiniteInputError(ValueError):
+    """A loss input holds NaN or inf: the trainer treats the step as non-finite (skip, count)."""
+
+
 class ObjectiveContractError(ValueError):
     """An objective broke the contract (missing weight, non-scalar loss, unmapped metric), or
     was called without what it declared it needs (π_old not armed for these rows)."""
@@ -15,7 +19,7 @@ def check_finite(name: str, t: Tensor) -> None:
     if not t.is_floating_point():
         raise ValueError(f"{name} must be a floating tensor, got {t.dtype}")
     if not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name} contains NaN or inf")
+        raise NonFiniteInputError(f"{name} contains NaN or inf")
 
 
 def check_shape(name: str, t: Tensor, shape: torch.Size | tuple[int, ...]) -> None:

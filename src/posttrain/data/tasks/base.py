@@ -8,11 +8,19 @@ that resume needs; the item at a cursor is computed directly, never by replaying
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+
+def clip(value: object, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters: error messages never echo a huge value."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit} more characters]"
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,10 @@ class TaskSource:
     def val_items(self) -> list[TaskItem]:
         """The held-out split, in a fixed order."""
         return list(self._val)
+
+    def map_items(self, fn: Callable[[TaskItem], TaskItem]) -> TaskSource:
+        """The same source (name, order, splits) with every item passed through ``fn``."""
+        return TaskSource(self.name, [fn(it) for it in self._train], [fn(it) for it in self._val])
 
     def item_at(self, seed: int, cursor: int) -> TaskItem:
         """The train item at position ``cursor`` of the stream for ``seed``."""

@@ -12,7 +12,7 @@ import json
 import re
 from pathlib import Path
 
-from posttrain.data.tasks.base import TaskItem, TaskSource
+from posttrain.data.tasks.base import TaskItem, TaskSource, clip
 
 _NUMBER = re.compile(r"-?\d+(\.\d+)?")
 
@@ -27,8 +27,15 @@ def read_gsm8k_jsonl(path: str | Path) -> list[TaskItem]:
     if not p.is_file():
         raise TaskDataError(f"{p}: no such file (task data path)")
     items = []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with p.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TaskDataError(
+                    f"{p}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1}); "
+                    "re-encode the file as UTF-8"
+                ) from None
             if line.strip():
                 items.append(_parse_row(p, lineno, line))
     if not items:
@@ -55,7 +62,7 @@ def _parse_row(path: Path, lineno: int, line: str) -> TaskItem:
     final = solution.rsplit("####", 1)[1].strip()
     number = final.replace(",", "")
     if not _NUMBER.fullmatch(number):
-        raise TaskDataError(f"{where}: the value after '####' must be a number, got {final!r}")
+        raise TaskDataError(f"{where}: the value after '####' must be a number, got {clip(final)}")
     return TaskItem(
         prompt=row["question"].strip(),
         answer=number,

@@ -1,0 +1,124 @@
+"""The user-error boundary of every command: one line on stderr, a distinct exit status.
+
+Errors a user causes and can fix (config, data, model folder, disk, a held run directory, a
+reward function that fails) print ``posttrain: error: ...`` as one line naming the key, file,
+row or step and what to do, and exit non-zero without a traceback. ``--debug`` (or
+``POSTTRAIN_DEBUG=1``) prints the traceback too. A signal prints where the last complete
+checkpoint is and exits 128 + its number. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import traceback
+import warnings
+from collections.abc import Callable
+
+from posttrain.config import ConfigError
+from posttrain.entrypoints.signals import RunInterrupted, signals_raise
+
+#: Exit status for a user error in the config or the overrides.
+EXIT_CONFIG_ERROR = 2
+#: Exit status for another user error (a reward function that raises, a bad data row, ...).
+EXIT_RUN_ERROR = 1
+#: The environment variable that, set to 1, shows tracebacks of user errors (like ``--debug``).
+DEBUG_ENV = "POSTTRAIN_DEBUG"
+#: A message is cut to this many characters: a 5 MB bad value is not echoed whole.
+MAX_MESSAGE = 600
+
+_OS_ADVICE = {
+    errno.ENOSPC: "free space on that disk and rerun (a run resumes from its last checkpoint)",
+    errno.EDQUOT: "free space within your quota and rerun (a run resumes from its last checkpoint)",
+    errno.EACCES: "make it writable or point job.output_root (or the path's key) elsewhere",
+    errno.EPERM: "make it writable or point job.output_root (or the path's key) elsewhere",
+    errno.EROFS: "the filesystem is read-only; point job.output_root elsewhere",
+    errno.ENOTDIR: "a part of that path is a file, not a directory; fix the path",
+    errno.EEXIST: "a file is in the way of a directory; fix the path",
+    errno.ENOENT: "check the path",
+}
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors caused by input a user controls: reported in one line, never with a traceback."""
+    from posttrain.data.tasks import TaskDataError
+    from posttrain.entrypoints.run_lock import RunLockedError
+    from posttrain.metrics.plot import PlotError
+    from posttrain.metrics.sinks import MetricsFileError
+    from posttrain.model.errors import ModelLoadError
+    from posttrain.placement.errors import RoleFailedError
+    from posttrain.reward import RewardError
+    from posttrain.trainer import TrainerError
+
+    return (
+        RewardError, TaskDataError, TrainerError, RoleFailedError, ModelLoadError,
+        MetricsFileError, PlotError, RunLockedError, OSError,
+    )  # fmt: skip
+
+
+def one_line(message: str, limit: int = MAX_MESSAGE) -> str:
+    """``message`` on one line; past ``limit`` characters its middle is cut (the start names
+    what failed, the end says what to do), and the cut length is said."""
+    flat = " ".join(message.split())
+    if len(flat) <= limit:
+        return flat
+    head, tail = limit * 2 // 3, limit // 3
+    return f"{flat[:head]} ... [{len(flat) - head - tail} characters cut] ... {flat[-tail:]}"
+
+
+def describe(error: BaseException) -> str:
+    """The one-line text of a user error."""
+    if isinstance(error, ConfigError):
+        return str(error)
+    if isinstance(error, OSError) and error.errno is not None and error.strerror:
+        where = f": {error.filename}" if error.filename else ""
+        advice = _OS_ADVICE.get(error.errno)
+        return f"{error.strerror}{where}" + (f"; {advice}" if advice else "")
+    return f"{type(error).__name__}: {error}"
+
+
+def debug_requested(flag: bool = False) -> bool:
+    return flag or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def run_guarded(fn: Callable[[], int], debug: bool = False) -> int:
+    """Run ``fn``; a config error exits 2, another user error exits 1, a signal 128 + its
+    number, each reported as one line. ``debug`` also prints the traceback."""
+    debug = debug_requested(debug)
+    try:
+        with signals_raise(), warnings.catch_warnings():
+            if not debug:
+                warnings.formatwarning = _warning_line
+            return fn()
+    except RunInterrupted as e:
+        return _report(e, f"posttrain: {e}", e.exit_code, debug)
+    except KeyboardInterrupt as e:
+        return _report(e, "posttrain: stopped by SIGINT", 130, debug)
+    except SystemExit as e:
+        # Nothing inside a command exits the process: user code (a reward function, an objective)
+        # did. Ending the run with its status, maybe 0, would pass for success.
+        return _report(
+            e,
+            f"posttrain: error: user code called sys.exit({e.code!r}) during the run (a reward "
+            "function, objective or other imported code); the run stopped there, its last "
+            "checkpoint is kept; remove that call (raise an exception to fail a run)",
+            EXIT_RUN_ERROR,
+            debug,
+        )
+    except ConfigError as e:
+        return _report(e, f"posttrain: error: {describe(e)}", EXIT_CONFIG_ERROR, debug)
+    except user_errors() as e:
+        return _report(e, f"posttrain: error: {describe(e)}", EXIT_RUN_ERROR, debug)
+
+
+def _warning_line(message, category, filename, lineno, line=None) -> str:
+    """Warnings as one line each (the source location is for ``--debug``)."""
+    return f"posttrain: warning: {one_line(str(message))}\n"
+
+
+def _report(error: BaseException, message: str, code: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(error, file=sys.stderr)
+    print(one_line(message), file=sys.stderr, flush=True)
+    return code
