@@ -37,6 +37,7 @@ from posttrain.data import shapes
 from posttrain.data.images import PairBatch, step_seeds
 from posttrain.data.pairs import load_pairs, write_grid
 from posttrain.entrypoints.common import default_out_dir, write_resolved_config
+from posttrain.entrypoints.run_lock import RunLock, prepare_run_dir
 from posttrain.metrics import open_sinks
 from posttrain.model.diffusion import alphas_cumprod, unet_config
 from posttrain.trainer import Trainer
@@ -121,13 +122,13 @@ def run(
     pairs = load_pairs(  # data errors surface before any model loads
         resolved.dpo.pairs_path, unet_cfg["sample_size"], unet_cfg["num_class_embeds"]
     )
-    run_dir = Path(out_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    placed = place_diffusion(resolved, config_path, opts, build_trainer_fn, str(run_dir))
-    try:
-        return _loop(resolved, placed.policy, pairs, unet_cfg["num_class_embeds"], run_dir)
-    finally:
-        placed.close()
+    run_dir = prepare_run_dir(out_dir)
+    with RunLock(run_dir):  # one writer per run directory
+        placed = place_diffusion(resolved, config_path, opts, build_trainer_fn, str(run_dir))
+        try:
+            return _loop(resolved, placed.policy, pairs, unet_cfg["num_class_embeds"], run_dir)
+        finally:
+            placed.close()
 
 
 def evaluate(config: PosttrainConfig, policy, classes: int, run_dir: Path, step: int) -> dict:
