@@ -132,6 +132,8 @@ CASES: list[tuple[str, list[str], str, list[str]]] = [
     ("dpo_needs_pairs", ["job.algorithm=dpo"], "dpo.pairs_path is not set", DPO),
     ("beta_without_dpo_loss", [*DPO, "dpo.loss=sft_chosen", "dpo.beta=2"],
      "dpo.beta=2.0 is never read by dpo.loss=sft_chosen", [*DPO, "dpo.loss=sft_chosen"]),
+    ("beta_without_dpo_loss", [*DPO, "dpo.loss=sft_chosen", "dpo.min_timestep=100"],
+     "dpo.min_timestep=100 is never read", [*DPO, "dpo.min_timestep=100"]),
     ("dpo_single_policy_rank", [*DPO, "placement.backend=ray", "placement.policy_ranks=2"],
      "the DPO entry trains one policy rank", [*DPO, "placement.backend=ray"]),
     # warnings

@@ -144,3 +144,18 @@ def test_denoising_on_pairs_trains_on_the_chosen_images():
     model = Scaled(0.5)
     assert obj(model, pairs)[0].item() == obj(model, pairs.winners())[0].item()
     assert isinstance(pairs.winners(), ImageBatch)
+
+
+def test_min_timestep_restricts_the_draw_and_enters_the_identity():
+    seeds = step_seeds(0, 1, 64)
+    t, _ = row_noise(seeds, (3, 2, 2), 50, torch.float64, low=30)
+    assert int(t.min()) >= 30 and int(t.max()) <= 49
+    ref = DiffusionReferenceScorer(Scaled(0.0), ALPHAS, min_timestep=30)
+    obj = make_dpo_objective(ref, beta=1.0, alphas_cumprod=ALPHAS)
+    assert obj.identity["weighting"] == "constant for t >= 30, else 0"
+    with pytest.raises(ValueError, match="min_timestep must be in 0..49"):
+        make_dpo_objective(
+            DiffusionReferenceScorer(Scaled(0.0), ALPHAS, min_timestep=50),
+            beta=1.0,
+            alphas_cumprod=ALPHAS,
+        )

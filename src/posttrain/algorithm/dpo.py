@@ -22,9 +22,9 @@ from posttrain.data.images import ImageBatch, PairBatch
 
 
 def row_noise(
-    seeds: Tensor, shape: tuple[int, ...], num_timesteps: int, dtype: torch.dtype
+    seeds: Tensor, shape: tuple[int, ...], num_timesteps: int, dtype: torch.dtype, low: int = 0
 ) -> tuple[Tensor, Tensor]:
-    """(t [B] int64, ε [B, *shape]) drawn from one CPU generator per row seed.
+    """(t [B] int64 in ``low..num_timesteps-1``, ε [B, *shape]) from one CPU generator per seed.
 
     Drawn on the CPU in float32 and then cast, so the same seed gives the same t and ε on every
     device and in every precision.
@@ -32,7 +32,7 @@ def row_noise(
     ts, eps = [], []
     for seed in seeds.tolist():
         g = torch.Generator().manual_seed(int(seed))
-        ts.append(torch.randint(0, num_timesteps, (1,), generator=g))
+        ts.append(torch.randint(low, num_timesteps, (1,), generator=g))
         eps.append(torch.randn(shape, generator=g))
     device = seeds.device
     return torch.cat(ts).to(device), torch.stack(eps).to(device=device, dtype=dtype)
@@ -53,9 +53,10 @@ class DiffusionReferenceScorer:
     """Denoising errors of a frozen reference on both images of each pair, at the pair's own
     (t, ε). The entry builds the network; the trainer places it as an auxiliary model."""
 
-    def __init__(self, module: nn.Module, alphas_cumprod: Tensor) -> None:
+    def __init__(self, module: nn.Module, alphas_cumprod: Tensor, min_timestep: int = 0) -> None:
         self.module = module
         self.alphas_cumprod = alphas_cumprod
+        self.min_timestep = min_timestep
 
     @torch.no_grad()
     def __call__(self, batch: PairBatch) -> Tensor:
@@ -63,7 +64,11 @@ class DiffusionReferenceScorer:
         device = next(self.module.parameters()).device
         b = batch.to(device)
         t, eps = row_noise(
-            b.seeds, tuple(b.chosen.shape[1:]), len(self.alphas_cumprod), b.chosen.dtype
+            b.seeds,
+            tuple(b.chosen.shape[1:]),
+            len(self.alphas_cumprod),
+            b.chosen.dtype,
+            self.min_timestep,
         )
         errs = denoising_errors(
             self.module,
@@ -85,7 +90,7 @@ def dpo_logits(
 
 def make_dpo_objective(
     reference: DiffusionReferenceScorer, *, beta: float, alphas_cumprod: Tensor
-) -> Objective:
+) -> Objective:  # the reference's min_timestep sets the weighting (see below)
     """Diffusion-DPO, MEAN over pairs.
 
     For a pair (x^w, x^l) under condition c, one t ~ U{0..T-1} and one ε ~ N(0, I) shared by
@@ -93,7 +98,8 @@ def make_dpo_objective(
 
         loss = -log σ( -β·T·ω(λ_t)·½·[(e_θ^w - e_ref^w) - (e_θ^l - e_ref^l)] )
 
-    with the weighting ω(λ_t) = 1 for every t (the paper's choice in practice, Sec. 4) and e the
+    with the weighting ω(λ_t) = 1 for t >= t_min and 0 below (t drawn from U{t_min..T-1};
+    t_min = ``reference.min_timestep``, 0 by default: the paper's ω = 1 for every t) and e the
     per-pixel *mean* squared error (the paper's code; its equation uses the squared norm, a
     constant factor C·H·W that β absorbs). T is ``len(alphas_cumprod)``; the paper's β = 5000
     for Stable Diffusion corresponds here to β·T. The loss is a mean over pairs.
@@ -101,9 +107,12 @@ def make_dpo_objective(
     if beta <= 0:
         raise ValueError(f"beta must be > 0, got {beta}")
     T = len(alphas_cumprod)
+    low = reference.min_timestep
+    if not 0 <= low < T:
+        raise ValueError(f"min_timestep must be in 0..{T - 1}, got {low}")
 
     def fn(model: nn.Module, batch: PairBatch) -> tuple[Tensor, dict[str, Tensor]]:
-        t, eps = row_noise(batch.seeds, tuple(batch.chosen.shape[1:]), T, batch.chosen.dtype)
+        t, eps = row_noise(batch.seeds, tuple(batch.chosen.shape[1:]), T, batch.chosen.dtype, low)
         errs = denoising_errors(
             model,
             torch.cat([batch.chosen, batch.rejected]),
@@ -135,7 +144,7 @@ def make_dpo_objective(
         "algorithm": "diffusion_dpo",
         "beta": beta,
         "num_train_timesteps": T,
-        "weighting": "constant",
+        "weighting": "constant" if low == 0 else f"constant for t >= {low}, else 0",
     }
     return Objective(fn, Reduction.MEAN, adapter, reference_scorer=reference, identity=identity)
 

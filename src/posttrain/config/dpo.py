@@ -35,6 +35,13 @@ class DPOConfig(Section):
         "the model's training timesteps (β·T = 5000 is the paper's Stable Diffusion setting). "
         "Read only for `dpo.loss=dpo`.",
     )
+    min_timestep: int = Field(
+        0,
+        ge=0,
+        description="Diffusion-DPO draws its timestep from min_timestep..T-1: the weighting "
+        "ω(λ_t) is 1 there and 0 below (0 keeps the paper's ω = 1 for every t). Read only for "
+        "`dpo.loss=dpo`.",
+    )
     pairs_path: str | None = Field(
         None,
         min_length=1,

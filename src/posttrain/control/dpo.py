@@ -38,7 +38,7 @@ def dpo_reads_no_online_knobs(cfg: PosttrainConfig) -> str | None:
     )
 
 
-@error("job.algorithm", "dpo.loss", "dpo.beta", "dpo.pairs_path", "dpo.pairs_per_step",
+@error("job.algorithm", "dpo.loss", "dpo.beta", "dpo.min_timestep", "dpo.pairs_path", "dpo.pairs_per_step",
        "dpo.eval_samples_per_class", "dpo.sample_steps", "dpo.target_color")  # fmt: skip
 def dpo_knobs_without_dpo(cfg: PosttrainConfig) -> str | None:
     """The dpo section is read only by the DPO entry (job.algorithm starting with dpo)."""
@@ -64,12 +64,13 @@ def dpo_needs_pairs(cfg: PosttrainConfig) -> str | None:
     )
 
 
-@error("dpo.loss", "dpo.beta")
+@error("dpo.loss", "dpo.beta", "dpo.min_timestep")
 def beta_without_dpo_loss(cfg: PosttrainConfig) -> str | None:
-    """Fine-tuning on winners is a plain denoising loss; it has no β."""
-    if cfg.dpo.loss == "dpo" or cfg.dpo.is_default("beta"):
+    """Fine-tuning on winners is a plain denoising loss; it has no β and no DPO weighting."""
+    knobs = [] if cfg.dpo.loss == "dpo" else changed(cfg.dpo, "beta", "min_timestep")
+    if not knobs:
         return None
-    return f"dpo.beta={cfg.dpo.beta} is never read by dpo.loss={cfg.dpo.loss}; remove it"
+    return f"{are(knobs)} never read by dpo.loss={cfg.dpo.loss}; remove them"
 
 
 @error("job.algorithm", "placement.policy_ranks")

@@ -65,7 +65,7 @@ def build_trainer(
     if config.dpo.loss == "dpo":
         reference = copy.deepcopy(unet)
         objective = make_dpo_objective(
-            DiffusionReferenceScorer(reference, alphas),
+            DiffusionReferenceScorer(reference, alphas, config.dpo.min_timestep),
             beta=config.dpo.beta,
             alphas_cumprod=alphas,
         )
