@@ -7,7 +7,7 @@ WHEELS := $(wildcard /opt/wheels)
 PIP := $(BIN)/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
 EXTRAS ?= dev,math,reasoning,tracking,ray,diffusion
 
-.PHONY: test demo demo-dpo loss-table lint format install docs
+.PHONY: test demo demo-opd demo-dpo loss-table lint format install docs
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,6 +39,18 @@ demo: install
 	rm -rf $(DEMO_RUN)
 	$(BIN)/posttrain grpo --config arithmetic_clipped
 	$(BIN)/posttrain plot $(DEMO_RUN)
+
+OPD_RUN := outputs/opd/opd_arithmetic
+OPD_TEACHER := $(DEMO_RUN)/checkpoints/step_00003000/model
+
+# On-policy distillation of the demo's GRPO policy into a fresh random model; trains the teacher
+# first (make demo's recipe) when its final checkpoint is missing, then compares with GRPO.
+demo-opd: install
+	test -f $(OPD_TEACHER)/config.json || $(BIN)/posttrain grpo --config arithmetic_clipped
+	rm -rf $(OPD_RUN)
+	$(BIN)/posttrain opd --config opd_arithmetic
+	$(BIN)/python examples/opd_vs_grpo.py $(OPD_RUN) $(DEMO_RUN)
+	$(BIN)/posttrain plot $(OPD_RUN) $(DEMO_RUN) --metrics val/accuracy,train/reward_accuracy --out $(OPD_RUN)/vs_grpo.png
 
 # Every GRPO-family surrogate variant on one seeded batch, as a table (no training).
 loss-table: install

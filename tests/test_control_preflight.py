@@ -9,6 +9,7 @@ import pytest
 from posttrain.config import ConfigError, PosttrainConfig, RolloutConfig, all_keys, apply_overrides
 from posttrain.control import RULES, PreflightError, objective_family, run_preflight
 from posttrain.control.inert import TOKEN_SCALE_EPSILON
+from posttrain.control.opd import check_entry
 
 LEGACY = ["rl.grpo_surrogate=legacy_pg"]
 SEQ = ["rl.importance_sampling_level=sequence"]
@@ -19,7 +20,8 @@ GSPO = [
     "rl.loss_type=seq-mean-token-mean",
     "rl.mini_batch_per_replica=2",
 ]
-OPD = ["job.algorithm=opd"]
+OPD = ["job.algorithm=opd", "teacher.name_or_path=teacher"]
+DIRECT = [*OPD, "rl.distillation_mode=direct"]
 DPO = ["job.algorithm=dpo", "dpo.pairs_path=pairs.jsonl"]
 CERTIFIED = ["model.certified_deterministic_forward=true"]
 JSONL = ["data.task=jsonl", "data.train_path=train.jsonl", "data.val_path=val.jsonl"]
@@ -154,6 +156,25 @@ CASES: list[tuple[str, list[str], str, list[str]]] = [
      "weights responses by length", [*GSPO, "rl.loss_type=token-mean"]),
     ("opd_direct_ignores_reward", [*OPD, "rl.distillation_mode=direct"],
      "task reward and group advantage are not training signals", OPD),
+    # on-policy distillation
+    ("opd_needs_teacher", ["job.algorithm=opd"], "job.algorithm=opd needs teacher.name_or_path",
+     OPD),
+    ("teacher_needs_opd", ["teacher.name_or_path=t", "teacher.top_k=8"],
+     "teacher.name_or_path=t, teacher.top_k=8 are never read by job.algorithm=grpo", OPD),
+    ("opd_ignores_group_advantage_knobs", [*OPD, "rl.kl_beta=0.1", "rl.unbiased_advantage=true"],
+     "rl.kl_beta=0.1, rl.unbiased_advantage=True are never read by OPD", ["rl.kl_beta=0.1"]),
+    ("opd_ignores_group_advantage_knobs", [*OPD, "rl.grpo_surrogate=legacy_pg"],
+     "rl.grpo_surrogate=legacy_pg is never read by OPD", OPD),
+    ("opd_direct_clip_knobs", [*DIRECT, "rl.epsilon_high=0.28"],
+     "rl.epsilon_high=0.28 is never read by rl.distillation_mode=direct",
+     [*OPD, "rl.epsilon_high=0.28"]),
+    ("divergence_knobs_need_direct", [*OPD, "rl.divergence=forward_kl", "teacher.top_k=8"],
+     "rl.divergence=forward_kl, teacher.top_k=8 are read only by OPD with rl.distillation_mode=direct",
+     [*DIRECT, "rl.divergence=forward_kl", "teacher.top_k=8"]),
+    ("divergence_knobs_need_direct", ["rl.divergence=jsd"], "rl.divergence=jsd is read only by OPD",
+     [*DIRECT, "rl.divergence=jsd"]),
+    ("jsd_beta_needs_jsd", [*DIRECT, "rl.jsd_beta=0.1"], "rl.jsd_beta=0.1 is read only by rl.divergence=jsd",
+     [*DIRECT, "rl.divergence=jsd", "rl.jsd_beta=0.1"]),
 ]  # fmt: skip
 
 _RULES = {r.name: r for r in RULES}
@@ -189,6 +210,7 @@ def test_rule_failing_and_passing_side(name, bad, fragment, good):
 
 def test_defaults_and_clean_gspo_pass_without_warnings():
     assert run_preflight(PosttrainConfig()) == []
+    assert run_preflight(_cfg(OPD)) == []
     assert run_preflight(_cfg(GSPO)) == []
     assert run_preflight(_cfg(JSONL)) == []
 
@@ -235,3 +257,17 @@ def test_warnings_are_returned_once_in_rule_order():
 )
 def test_objective_family(algorithm, family):
     assert objective_family(_cfg([f"job.algorithm={algorithm}"])) == family
+
+
+@pytest.mark.parametrize(
+    ("entry", "algorithm", "fragment"),
+    [("grpo", "opd", "run `posttrain opd"), ("grpo", "opd_x", "run `posttrain opd"),
+     ("opd", "grpo", "train it with `posttrain grpo`"),
+     ("opd", "gspo", "job.algorithm=gspo is a GRPO-family"),
+     ("opd", "opd_direct", "records its runs as job.algorithm=opd")],
+)  # fmt: skip
+def test_each_entry_refuses_the_other_family_in_one_line(entry, algorithm, fragment):
+    with pytest.raises(PreflightError, match=fragment) as info:
+        check_entry(_cfg([f"job.algorithm={algorithm}"]), entry)
+    assert "\n" not in str(info.value)
+    check_entry(_cfg([f"job.algorithm={'opd' if entry == 'opd' else 'dr_grpo'}"]), entry)

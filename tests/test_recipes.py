@@ -16,6 +16,7 @@ EXPECTED_WARNINGS = {
     "gspo_qwen3b_gsm8k": ["model.dtype=bfloat16 at rl.importance_sampling_level=sequence"],
     "smollm2_reasoning_gym": [],
     "arithmetic_clipped": [],
+    "opd_arithmetic": [],
     "dpo_shapes": [],
 }
 
@@ -93,3 +94,12 @@ def test_recipes_keep_runs_apart():
     names = [load_config(n) for n in builtin_recipes()]
     dirs = {str(c.run_dir()) for c in names}
     assert len(dirs) == len(names)
+
+
+def test_opd_arithmetic_distils_into_grpo_s_own_starting_point():
+    opd, grpo = load_config("opd_arithmetic"), load_config("arithmetic_clipped")
+    assert opd.job.algorithm == "opd" and opd.rl.distillation_mode == "advantage"
+    assert (opd.model.name_or_path, opd.model.init_preset, opd.job.seed) == (
+        grpo.model.name_or_path, grpo.model.init_preset, grpo.job.seed,
+    )  # fmt: skip
+    assert opd.teacher.name_or_path.startswith(str(grpo.run_dir()))

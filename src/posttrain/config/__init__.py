@@ -38,6 +38,7 @@ from posttrain.config.serialize import (
     to_json,
     to_yaml,
 )
+from posttrain.config.teacher import TeacherConfig
 
 __all__ = [
     "RECIPE_BUILDER",
@@ -58,6 +59,7 @@ __all__ = [
     "RetiredKeyError",
     "RewardConfig",
     "RolloutConfig",
+    "TeacherConfig",
     "UnknownKeyError",
     "all_keys",
     "apply_override",

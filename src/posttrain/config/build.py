@@ -25,6 +25,7 @@ def objective_context(config: PosttrainConfig, reference_model: nn.Module | None
         name_or_path=config.model.name_or_path,
         max_response_length=config.rollout.max_tokens,
         reference_model=reference_model,
+        teacher_top_k=config.teacher.top_k if config.rl.distillation_mode == "direct" else None,
     )
 
 

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from posttrain.algorithm.primitives.choices import KLEstimator, LossType
+from posttrain.algorithm.primitives.choices import DivergenceKind, KLEstimator, LossType
 from posttrain.config.base import Section
 
 
@@ -142,6 +142,20 @@ class RLConfig(Section):
         "advantage",
         description="OPD only: `advantage` uses the teacher-student log-ratio as a per-token "
         "advantage; `direct` minimises a divergence to the teacher.",
+    )
+    divergence: DivergenceKind = Field(
+        "reverse_kl",
+        description="OPD direct mode only: the divergence between the student's and the "
+        "teacher's next-token distributions: `reverse_kl` KL(student‖teacher) (mode seeking), "
+        "`forward_kl` KL(teacher‖student) (mass covering), or `jsd`, the generalised "
+        "Jensen-Shannon divergence with weight `rl.jsd_beta`.",
+    )
+    jsd_beta: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="OPD `rl.divergence=jsd` only: β of JSD(β) = β·KL(p‖m) + (1-β)·KL(q‖m), "
+        "m = β·p + (1-β)·q, p the teacher, q the student.",
     )
 
     @field_validator(

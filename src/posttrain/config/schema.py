@@ -17,6 +17,7 @@ from posttrain.config.sections import (
     RewardConfig,
     RolloutConfig,
 )
+from posttrain.config.teacher import TeacherConfig
 
 
 class PosttrainConfig(Section):
@@ -28,6 +29,9 @@ class PosttrainConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Scoring.")
     rl: RLConfig = Field(default_factory=RLConfig, description="Objective and schedule.")
+    teacher: TeacherConfig = Field(
+        default_factory=TeacherConfig, description="Distillation teacher (OPD only)."
+    )
     dpo: DPOConfig = Field(default_factory=DPOConfig, description="Diffusion DPO.")
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="Role placement."

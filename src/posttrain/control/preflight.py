@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from posttrain.config.schema import PosttrainConfig
-from posttrain.control import consistency, dpo, external, inactive, inert, temperature
+from posttrain.control import consistency, dpo, external, inactive, inert, opd, temperature
 from posttrain.control.rules import PreflightError, Rule
 
 #: Every preflight rule, in the order they run (and are documented).
@@ -13,6 +13,7 @@ RULES: tuple[Rule, ...] = (
     *inert.RULES,
     *consistency.RULES,
     *external.RULES,
+    *opd.RULES,
     *dpo.RULES,
 )
 

@@ -29,8 +29,8 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) ->
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def response_logprobs(model: nn.Module, batch: TrajectoryBatch, temperature: float = 1.0) -> Tensor:
-    """``[B, R]`` logprobs of each response token given everything before it.
+def response_logits(model: nn.Module, batch: TrajectoryBatch) -> Tensor:
+    """``[B, R, V]`` logits that predict each response token (row ``t`` predicts token ``t``).
 
     Asks the model for the last ``R + 1`` logit rows only (``logits_to_keep``): the row before
     the first response token through the last response token.
@@ -43,5 +43,9 @@ def response_logprobs(model: nn.Module, batch: TrajectoryBatch, temperature: flo
         use_cache=False,
         logits_to_keep=r + 1,
     )
-    logits = out.logits[:, -(r + 1) : -1, :]
-    return token_logprobs(logits, batch.response_ids, temperature)
+    return out.logits[:, -(r + 1) : -1, :]
+
+
+def response_logprobs(model: nn.Module, batch: TrajectoryBatch, temperature: float = 1.0) -> Tensor:
+    """``[B, R]`` logprobs of each response token given everything before it."""
+    return token_logprobs(response_logits(model, batch), batch.response_ids, temperature)

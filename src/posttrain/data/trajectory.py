@@ -30,6 +30,8 @@ class TrajectoryBatch:
     ``[B]``, and the per-token logprob tensors ``rollout_logprobs`` (under the sampler) and
     ``teacher_logprobs`` (a distillation teacher). π_old and the frozen reference are not
     columns: an objective reads them through its ``old_logp_cache`` and ``reference_scorer``.
+    A distillation teacher may add its top-k next-token distribution at every response position:
+    ``teacher_topk_ids`` (int64) and ``teacher_topk_logprobs`` ``[B, R, K]``, both or neither.
     """
 
     input_ids: Tensor
@@ -41,6 +43,8 @@ class TrajectoryBatch:
     rewards: Tensor | None = None
     rollout_logprobs: Tensor | None = None
     teacher_logprobs: Tensor | None = None
+    teacher_topk_ids: Tensor | None = None
+    teacher_topk_logprobs: Tensor | None = None
 
     def __post_init__(self) -> None:
         ids = self.input_ids
@@ -84,6 +88,25 @@ class TrajectoryBatch:
                 continue
             _expect(t.is_floating_point(), name, f"must be floating, got {t.dtype}")
             _expect(t.shape == (b, r), name, f"must be [B={b}, R={r}], got {tuple(t.shape)}")
+        self._check_topk(b, r)
+
+    def _check_topk(self, b: int, r: int) -> None:
+        ids, logp = self.teacher_topk_ids, self.teacher_topk_logprobs
+        if ids is None and logp is None:
+            return
+        _expect(ids is not None and logp is not None, "teacher_topk_ids",
+                "teacher_topk_ids and teacher_topk_logprobs come together")  # fmt: skip
+        _expect(ids.dtype == torch.int64, "teacher_topk_ids", f"must be int64, got {ids.dtype}")
+        _expect(
+            ids.dim() == 3 and ids.shape[:2] == (b, r) and ids.shape[2] >= 1,
+            "teacher_topk_ids",
+            f"must be [B={b}, R={r}, K], got {tuple(ids.shape)}",
+        )
+        _expect(
+            logp.is_floating_point(), "teacher_topk_logprobs", f"must be floating, got {logp.dtype}"
+        )
+        _expect(logp.shape == ids.shape, "teacher_topk_logprobs",
+                f"shape {tuple(logp.shape)} != teacher_topk_ids shape {tuple(ids.shape)}")  # fmt: skip
 
     @property
     def batch_size(self) -> int:

@@ -113,6 +113,26 @@ def _add_grpo(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=grpo_train)
 
 
+def opd_train(args: argparse.Namespace, overrides: list[str]) -> int:
+    from posttrain.entrypoints.opd import train_from_cli
+
+    return train_from_cli(args.config, overrides, args.objective)
+
+
+def _add_opd(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "opd",
+        help="on-policy distillation from a teacher model",
+        description="Sample from the student, score every token with the frozen teacher "
+        "(teacher.name_or_path), update toward it (rl.distillation_mode: advantage or direct).",
+        epilog=_recipes_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_config_argument(p)
+    _add_objective_argument(p)
+    p.set_defaults(handler=opd_train)
+
+
 def dpo(args: argparse.Namespace, overrides: list[str]) -> int:
     from posttrain.entrypoints.dpo_cli import dispatch
 
@@ -174,6 +194,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_config,
     _add_dpo,
     _add_grpo,
+    _add_opd,
     _add_model,
     _add_plot,
 ]

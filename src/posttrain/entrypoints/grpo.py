@@ -18,6 +18,7 @@ from typing import Any
 from posttrain.config import PosttrainConfig, load_config
 from posttrain.config.build import build_objective
 from posttrain.config.user_code import import_callable
+from posttrain.control.opd import check_entry
 from posttrain.entrypoints import online
 from posttrain.entrypoints.common import default_out_dir, quiet_libraries
 
@@ -33,6 +34,7 @@ def run(
     build_objective_fn,
 ) -> dict[str, Any]:
     """Train ``config`` with the objective ``build_objective_fn(rl, context)`` returns."""
+    check_entry(config, "grpo")  # job.algorithm=opd belongs to `posttrain opd`
     return online.run(
         config, config_path, opts, out_dir, build_objective_fn, pinned_opts=PINNED_OPTS
     )

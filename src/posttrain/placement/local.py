@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
+from posttrain.placement.teacher import TeacherRole
 
 
 @dataclass
@@ -17,7 +18,7 @@ class LocalRoles:
     policy: PolicyRole
     rollout: RolloutRole
     reward: RewardRole
-    teacher: None = None
+    teacher: TeacherRole | None = None
 
     def sync_weights(self) -> int:
         """After an update: the engine holds the policy module itself, nothing travels."""
@@ -39,8 +40,6 @@ def place_local(
             f"placement.policy_ranks={ranks} needs placement.backend=ray (in-process placement "
             "runs one policy rank)"
         )
-    if teacher:
-        raise ConfigError("this build has no teacher role; use an entry without one")
     policy = PolicyRole(config, build_objective_fn, run_dir)
     rollout = RolloutRole(config, model=policy.model)
-    return LocalRoles(policy, rollout, RewardRole(config))
+    return LocalRoles(policy, rollout, RewardRole(config), TeacherRole(config) if teacher else None)

@@ -44,9 +44,11 @@ from posttrain.placement.ray_host import (
     PolicyHost,
     RewardHost,
     RolloutHost,
+    TeacherHost,
     worker_pythonpath,
 )
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
+from posttrain.placement.teacher import TeacherRole, with_annotations
 from posttrain.trainer.compat import differing_keys
 
 log = logging.getLogger("posttrain")
@@ -171,6 +173,17 @@ class RayPolicy:
         return self._all("save", [(step, data_state)] * len(self.names))[0]
 
 
+class RayTeacher:
+    """The teacher actor behind ``TeacherRole.score``: the batch travels to it through the
+    object store and only the annotations come back; the driver attaches them."""
+
+    def __init__(self, remote: RemoteRole) -> None:
+        self._remote = remote
+
+    def score(self, rollout):
+        return with_annotations(rollout, self._remote.annotations(rollout.batch))
+
+
 @dataclass
 class RayRoles:
     """The roles of a run placed as Ray actors (same interface as ``LocalRoles``)."""
@@ -182,7 +195,7 @@ class RayRoles:
     worker_configs: dict[str, dict[str, Any]]
     owns_ray: bool
     last_sync: dict[str, int] = field(default_factory=dict)
-    teacher: RemoteRole | None = None
+    teacher: RayTeacher | None = None
 
     def sync_weights(self) -> int:
         """Rank 0's state dict goes into the object store once; the rollout actor loads it."""
@@ -208,12 +221,10 @@ def place_ray(
     """Start (or join) Ray, place every role as an actor, and check what each one resolved."""
     check_builder(build_objective_fn)
     _check_serialisable(build_objective_fn)
-    if teacher:
-        raise ConfigError("this build has no teacher role; use an entry without one")
     pc = config.placement
     ranks = pc.policy_ranks
-    owns_ray = _connect(pc.ray_address, cpus_needed=pc.cpus_per_role * (ranks + 2))
-    _check_capacity(pc, ranks)
+    owns_ray = _connect(pc.ray_address, cpus_needed=pc.cpus_per_role * (ranks + 2 + teacher))
+    _check_capacity(pc, ranks, teacher)
     run_dir = str(Path(run_dir).resolve())
     gpu = pc.gpus_per_role > 0
     device = "cuda" if gpu else None
@@ -232,6 +243,8 @@ def place_ray(
             actors.handles[f"policy rank {r}"] = host(PolicyHost, pc.gpus_per_role)
         actors.handles["rollout"] = host(RolloutHost, pc.gpus_per_role)
         actors.handles["reward"] = host(RewardHost, 0.0)
+        if teacher:
+            actors.handles["teacher"] = host(TeacherHost, pc.gpus_per_role)
         starts = _start_roles(actors, config_path, list(opts), build_objective_fn, run_dir,
                               ranks, device, "nccl" if gpu else "gloo")  # fmt: skip
         configs = dict(zip(actors.handles, actors.gather(starts, START_TIMEOUT_S), strict=True))
@@ -248,6 +261,7 @@ def place_ray(
         actors=actors,
         worker_configs=configs,
         owns_ray=owns_ray,
+        teacher=RayTeacher(RemoteRole(actors, "teacher")) if teacher else None,
     )
 
 
@@ -268,6 +282,9 @@ def _start_roles(actors, config_path, opts, builder, run_dir, ranks, device, bac
     calls.append(("rollout", h["rollout"].start.remote(RolloutRole, config_path, opts,
                                                        {"device": device})))  # fmt: skip
     calls.append(("reward", h["reward"].start.remote(RewardRole, config_path, opts, {})))
+    if "teacher" in h:
+        calls.append(("teacher", h["teacher"].start.remote(TeacherRole, config_path, opts,
+                                                           {"device": device})))  # fmt: skip
     return calls
 
 
@@ -298,21 +315,23 @@ def _connect(address: str, cpus_needed: float) -> bool:
     return True
 
 
-def _check_capacity(pc, ranks: int) -> None:
+def _check_capacity(pc, ranks: int, teacher: bool = False) -> None:
+    """Room for every actor: policy ranks, rollout, reward (and the OPD teacher, a model actor)."""
     total = ray.cluster_resources()
-    cpus = pc.cpus_per_role * (ranks + 2)
-    gpus = pc.gpus_per_role * (ranks + 1)
+    actors, model_actors = ranks + 2 + teacher, ranks + 1 + teacher
+    cpus = pc.cpus_per_role * actors
+    gpus = pc.gpus_per_role * model_actors
     if cpus > total.get("CPU", 0.0) + 1e-9:
         raise ConfigError(
             f"the roles ask for {cpus:g} CPUs (placement.cpus_per_role={pc.cpus_per_role:g} x "
-            f"{ranks + 2} actors) but the Ray cluster has {total.get('CPU', 0.0):g}; lower "
+            f"{actors} actors) but the Ray cluster has {total.get('CPU', 0.0):g}; lower "
             "placement.cpus_per_role or add nodes"
         )
     if gpus > total.get("GPU", 0.0) + 1e-9:
         raise ConfigError(
             f"the roles ask for {gpus:g} GPUs (placement.gpus_per_role={pc.gpus_per_role:g} x "
-            f"{ranks + 1} model actors) but the Ray cluster has {total.get('GPU', 0.0):g}; lower "
-            "placement.gpus_per_role or add GPU nodes"
+            f"{model_actors} model actors) but the Ray cluster has {total.get('GPU', 0.0):g}; "
+            "lower placement.gpus_per_role or add GPU nodes"
         )
 
 

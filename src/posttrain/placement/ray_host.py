@@ -132,3 +132,7 @@ class RolloutHost(RoleHost):
 
 class RewardHost(RoleHost):
     """Hosts the reward role."""
+
+
+class TeacherHost(RoleHost):
+    """Hosts the OPD teacher role (a frozen model scoring the student's samples)."""

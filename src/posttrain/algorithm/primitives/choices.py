@@ -14,3 +14,7 @@ LOSS_TYPES: tuple[str, ...] = typing.get_args(LossType)
 #: Schulman's per-token KL estimators (see ``divergence.kl_penalty``).
 KLEstimator = Literal["k1", "k2", "k3"]
 KL_ESTIMATORS: tuple[str, ...] = typing.get_args(KLEstimator)
+
+#: Divergences between student and teacher next-token distributions (``divergence.topk_divergence``).
+DivergenceKind = Literal["reverse_kl", "forward_kl", "jsd"]
+DIVERGENCES: tuple[str, ...] = typing.get_args(DivergenceKind)
