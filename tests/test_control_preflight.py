@@ -22,6 +22,7 @@ GSPO = [
 ]
 OPD = ["job.algorithm=opd", "teacher.name_or_path=teacher"]
 DIRECT = [*OPD, "rl.distillation_mode=direct"]
+DPO = ["job.algorithm=dpo", "dpo.pairs_path=pairs.jsonl"]
 CERTIFIED = ["model.certified_deterministic_forward=true"]
 JSONL = ["data.task=jsonl", "data.train_path=train.jsonl", "data.val_path=val.jsonl"]
 
@@ -131,6 +132,17 @@ CASES: list[tuple[str, list[str], str, list[str]]] = [
      "rl.adam_beta2=0.99 is never read by rl.optimizer=sgd", ["rl.adam_beta2=0.99"]),
     ("wandb_knobs_need_wandb", ["logging.wandb_mode=online"], "logging.wandb_mode=online is never",
      ["logging.wandb_mode=online", "logging.wandb=true"]),
+    ("dpo_reads_no_online_knobs", [*DPO, "rl.kl_beta=0.1", "rollout.n=4"],
+     "rollout.n=4, rl.kl_beta=0.1 are never read by job.algorithm=dpo", DPO),
+    ("dpo_knobs_without_dpo", ["dpo.beta=2"], "dpo.beta=2.0 is read only by Diffusion DPO",
+     [*DPO, "dpo.beta=2"]),
+    ("dpo_needs_pairs", ["job.algorithm=dpo"], "dpo.pairs_path is not set", DPO),
+    ("beta_without_dpo_loss", [*DPO, "dpo.loss=sft_chosen", "dpo.beta=2"],
+     "dpo.beta=2.0 is never read by dpo.loss=sft_chosen", [*DPO, "dpo.loss=sft_chosen"]),
+    ("beta_without_dpo_loss", [*DPO, "dpo.loss=sft_chosen", "dpo.min_timestep=100"],
+     "dpo.min_timestep=100 is never read", [*DPO, "dpo.min_timestep=100"]),
+    ("dpo_single_policy_rank", [*DPO, "placement.backend=ray", "placement.policy_ranks=2"],
+     "the DPO entry trains one policy rank", [*DPO, "placement.backend=ray"]),
     # warnings
     ("top_p_truncates_sampling", ["rollout.top_p=0.9"], "rollout.top_p=0.9: responses come from",
      ["rollout.top_p=1"]),
