@@ -5,9 +5,9 @@ BIN := $(VENV)/bin
 # The CPU torch wheel lies on disk here; the constraints file keeps pip from taking a CUDA build.
 WHEELS := $(wildcard /opt/wheels)
 PIP := $(BIN)/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
-EXTRAS ?= dev,math,reasoning,tracking,ray,lora
+EXTRAS ?= dev,math,reasoning,tracking,ray,diffusion,lora
 
-.PHONY: test demo demo-opd loss-table lint format install docs
+.PHONY: test demo demo-opd demo-dpo loss-table lint format install docs bench-trl
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,3 +55,31 @@ demo-opd: install
 # Every GRPO-family surrogate variant on one seeded batch, as a table (no training).
 loss-table: install
 	$(BIN)/python examples/loss_table.py
+
+DPO_DEMO := outputs/dpo/demo
+
+# Diffusion DPO on the shapes domain: pretrain a base, sample and score pairs, then DPO and
+# fine-tune-on-winners on the same pairs; prints and writes $(DPO_DEMO)/summary.json.
+demo-dpo: install
+	rm -rf $(DPO_DEMO) outputs/dpo/demo_dpo outputs/dpo/demo_sft_winners
+	$(BIN)/posttrain dpo pretrain --out $(DPO_DEMO)/base
+	$(BIN)/posttrain dpo make-pairs --model $(DPO_DEMO)/base --out $(DPO_DEMO)/pairs \
+		--candidates 6 --valid-only
+	$(BIN)/posttrain dpo --config dpo_shapes -- job.name=demo_dpo
+	$(BIN)/posttrain dpo --config dpo_shapes -- job.name=demo_sft_winners dpo.loss=sft_chosen
+	$(BIN)/python examples/dpo_demo_summary.py outputs/dpo $(DPO_DEMO)
+
+# posttrain vs TRL's GRPOTrainer, side by side (benchmarks/vs_trl.py). TRL lives only in its own
+# venv, never in the package's dependencies; torch stays the pinned CPU wheel there too.
+BENCH_VENV := .venv-bench
+TRL_VERSION ?= 1.16.*
+BENCH_ARGS ?=
+
+$(BENCH_VENV)/bin/.installed: pyproject.toml constraints.txt
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),) "torch==2.13.0"
+	$(BENCH_VENV)/bin/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),) -e . "trl==$(TRL_VERSION)"
+	touch $@
+
+bench-trl: $(BENCH_VENV)/bin/.installed
+	$(BENCH_VENV)/bin/python benchmarks/vs_trl.py $(BENCH_ARGS)

@@ -81,6 +81,7 @@ def main() -> float:
         grpo_surrogate="clipped", importance_sampling_level="token", epsilon_low=0.2,
         epsilon_high=0.28, lower_bound_ratio=0.0, temperature=1.0, loss_type="token-mean", kl_beta=0.0,
         kl_estimator="k3", entropy_coef=0.0,
+        rollout_is_cap=0.0,
     )  # fmt: skip
     objective = with_logprob_bonus(make_objective(rl, SimpleNamespace(max_response_length=4)))
     batch = demo_batch()

@@ -46,6 +46,7 @@ _SPECIAL: dict[str, st.SearchStrategy] = {
         st.from_regex(r"[a-z_][a-z0-9_.]{0,8}", fullmatch=True), min_size=1, max_size=4
     ),
     "rl.lower_bound_ratio": st.one_of(st.just(0.0), st.floats(1.0, 100.0, exclude_min=True)),
+    "placement.device": st.from_regex(r"auto|cpu|cuda|cuda:[0-9]{1,2}", fullmatch=True),
 }
 
 

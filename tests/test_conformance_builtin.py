@@ -19,6 +19,7 @@ def _rl(**kw):
         epsilon_high=0.28, lower_bound_ratio=0.0, temperature=1.0, loss_type="token-mean",
         kl_beta=0.0, entropy_coef=0.0,
         kl_estimator="k3",
+        rollout_is_cap=0.0,
     )  # fmt: skip
     base.update(kw)
     return SimpleNamespace(**base)

@@ -22,6 +22,7 @@ GSPO = [
 ]
 OPD = ["job.algorithm=opd", "teacher.name_or_path=teacher"]
 DIRECT = [*OPD, "rl.distillation_mode=direct"]
+DPO = ["job.algorithm=dpo", "dpo.pairs_path=pairs.jsonl"]
 CERTIFIED = ["model.certified_deterministic_forward=true"]
 JSONL = ["data.task=jsonl", "data.train_path=train.jsonl", "data.val_path=val.jsonl"]
 
@@ -148,6 +149,11 @@ CASES: list[tuple[str, list[str], str, list[str]]] = [
      ["placement.policy_ranks=2", "placement.backend=ray"]),
     ("ray_knobs_need_ray", ["placement.ray_address=head:6379"], "placement.ray_address=head:6379",
      ["placement.ray_address=head:6379", "placement.backend=ray"]),
+    ("rollout_is_cap_needs_clipped", [*LEGACY, "rl.rollout_is_cap=2"],
+     "rl.rollout_is_cap=2.0 is never read by rl.grpo_surrogate=legacy_pg",
+     ["rl.rollout_is_cap=2"]),
+    ("device_needs_local", ["placement.backend=ray", "placement.device=cpu"],
+     "placement.device=cpu is never read by placement.backend=ray", ["placement.device=cpu"]),
     ("jsonl_reads_whole_files", [*JSONL, "data.train_size=10"],
      "data.train_size=10 is never read by data.task=jsonl", JSONL),
     ("warmup_fits_the_run", ["rl.lr_schedule=cosine", "rl.warmup_steps=300", "rl.max_steps=200"],
@@ -156,6 +162,17 @@ CASES: list[tuple[str, list[str], str, list[str]]] = [
      "rl.adam_beta2=0.99 is never read by rl.optimizer=sgd", ["rl.adam_beta2=0.99"]),
     ("wandb_knobs_need_wandb", ["logging.wandb_mode=online"], "logging.wandb_mode=online is never",
      ["logging.wandb_mode=online", "logging.wandb=true"]),
+    ("dpo_reads_no_online_knobs", [*DPO, "rl.kl_beta=0.1", "rollout.n=4"],
+     "rollout.n=4, rl.kl_beta=0.1 are never read by job.algorithm=dpo", DPO),
+    ("dpo_knobs_without_dpo", ["dpo.beta=2"], "dpo.beta=2.0 is read only by Diffusion DPO",
+     [*DPO, "dpo.beta=2"]),
+    ("dpo_needs_pairs", ["job.algorithm=dpo"], "dpo.pairs_path is not set", DPO),
+    ("beta_without_dpo_loss", [*DPO, "dpo.loss=sft_chosen", "dpo.beta=2"],
+     "dpo.beta=2.0 is never read by dpo.loss=sft_chosen", [*DPO, "dpo.loss=sft_chosen"]),
+    ("beta_without_dpo_loss", [*DPO, "dpo.loss=sft_chosen", "dpo.min_timestep=100"],
+     "dpo.min_timestep=100 is never read", [*DPO, "dpo.min_timestep=100"]),
+    ("dpo_single_policy_rank", [*DPO, "placement.backend=ray", "placement.policy_ranks=2"],
+     "the DPO entry trains one policy rank", [*DPO, "placement.backend=ray"]),
     # warnings
     ("top_p_truncates_sampling", ["rollout.top_p=0.9"], "rollout.top_p=0.9: responses come from",
      ["rollout.top_p=1"]),

@@ -20,7 +20,7 @@ def _rl(**kw):
     base = dict(
         grpo_surrogate="clipped", importance_sampling_level="token", epsilon_low=0.2,
         epsilon_high=0.2, lower_bound_ratio=0.0, temperature=1.0, loss_type="token-mean",
-        kl_beta=0.0, kl_estimator="k3", entropy_coef=0.0,
+        kl_beta=0.0, kl_estimator="k3", entropy_coef=0.0, rollout_is_cap=0.0,
     )  # fmt: skip
     base.update(kw)
     return SimpleNamespace(**base)

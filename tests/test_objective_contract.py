@@ -34,6 +34,7 @@ def rl(**kw):
         kl_beta=0.0,
         entropy_coef=0.0,
         kl_estimator="k3",
+        rollout_is_cap=0.0,
     )
     base.update(kw)
     return SimpleNamespace(**base)

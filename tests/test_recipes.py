@@ -17,6 +17,7 @@ EXPECTED_WARNINGS = {
     "smollm2_reasoning_gym": [],
     "arithmetic_clipped": [],
     "opd_arithmetic": [],
+    "dpo_shapes": [],
 }
 
 

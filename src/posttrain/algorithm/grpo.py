@@ -32,6 +32,10 @@ from posttrain.algorithm.primitives.policy_gradient import (
     masked_mean,
     reduce_policy_gradient_loss,
 )
+from posttrain.algorithm.primitives.rollout_correction import (
+    logprob_abs_diff,
+    truncated_is_weights,
+)
 from posttrain.data.logprobs import response_logprobs_and_entropy
 from posttrain.data.trajectory import TrajectoryBatch
 
@@ -50,6 +54,8 @@ GRPO_METRICS = {
     "kl_ref": "pg/kl_ref",
     "entropy_proxy": "pg/neg_logprob_mean",
     "entropy": "pg/entropy",
+    "rollout_logprob_abs_diff": "rollout/logprob_abs_diff",
+    "rollout_is_weight_mean": "rollout/is_weight_mean",
 }
 
 
@@ -92,6 +98,8 @@ def identity_of(rl: Any) -> dict[str, Any]:
         ident["entropy_coef"] = float(rl.entropy_coef)
     if rl.importance_sampling_level == "sequence":
         ident["importance_sampling_level"] = "sequence"
+    if rl.rollout_is_cap > 0:
+        ident["rollout_is_cap"] = float(rl.rollout_is_cap)
     return ident
 
 
@@ -112,10 +120,11 @@ def make_objective(rl: Any, context: Any) -> Objective:
 
     ``rl`` needs ``grpo_surrogate``, ``importance_sampling_level``, ``epsilon_low``,
     ``epsilon_high``, ``lower_bound_ratio``, ``temperature``, ``loss_type``, ``kl_beta`` and
-    ``kl_estimator``, and optionally ``entropy_coef`` (the clipped surrogate's entropy bonus:
-    ``- entropy_coef * H_t`` per token, reduced by ``loss_type`` like the policy loss). Both
-    surrogates report the true per-token entropy ``H_t`` of the policy at the loss temperature
-    as ``pg/entropy``.
+    ``kl_estimator`` and ``rollout_is_cap`` (0: off; else the policy-gradient term of each token
+    is weighted by ``min(π_old / π_rollout, cap)``; the KL term is not), and optionally
+    ``entropy_coef`` (the clipped surrogate's entropy bonus: ``- entropy_coef * H_t`` per token,
+    reduced by ``loss_type`` like the policy loss). Both surrogates report the true per-token
+    entropy ``H_t`` of the policy at the loss temperature as ``pg/entropy``.
     ``context`` carries ``max_response_length`` (the rollout bound, for
     ``seq-mean-token-sum-fixed``) and, when ``kl_beta > 0``, ``reference_model``: the frozen
     network the entry also hands to the trainer as an auxiliary model.
@@ -161,6 +170,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
     cache = OldLogpCache(temperature)
     # Snapshot the knobs: the objective must not change if the config object is mutated later.
     level, loss_type, kl_estimator = rl.importance_sampling_level, rl.loss_type, rl.kl_estimator
+    is_cap = float(rl.rollout_is_cap)
     eps_low, eps_high, lbr = (
         float(rl.epsilon_low),
         float(rl.epsilon_high),
@@ -184,6 +194,16 @@ def make_objective(rl: Any, context: Any) -> Objective:
             lower_bound_ratio=lbr,
             importance_sampling_level=level,
         )
+        if batch.rollout_logprobs is not None:
+            metrics["rollout_logprob_abs_diff"] = logprob_abs_diff(old, batch.rollout_logprobs, m)
+            if is_cap > 0:
+                w = truncated_is_weights(old, batch.rollout_logprobs, m, is_cap)
+                per_token = per_token * w
+                metrics["rollout_is_weight_mean"] = masked_mean(w, m)
+        elif is_cap > 0:
+            raise ObjectiveContractError(
+                "rl.rollout_is_cap > 0 needs batch.rollout_logprobs (the sampler's logprobs)"
+            )
         if scorer is not None:
             kl = kl_penalty(logp, scorer(batch), m, kl_estimator)
             per_token = per_token + kl_beta * kl

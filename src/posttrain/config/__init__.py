@@ -9,6 +9,7 @@ Public API::
 Preflight (cross-field rules) lives in :mod:`posttrain.control`.
 """
 
+from posttrain.config.dpo import DPOConfig
 from posttrain.config.errors import (
     ConfigError,
     ConfigValueError,
@@ -45,6 +46,7 @@ __all__ = [
     "CheckpointConfig",
     "ConfigError",
     "ConfigValueError",
+    "DPOConfig",
     "DataConfig",
     "JobConfig",
     "LoggingConfig",

@@ -174,6 +174,14 @@ class RLConfig(Section):
         description="Steps with a non-finite loss or gradient are skipped; after this many in a "
         "row the run stops. 1 stops on the first.",
     )
+    rollout_is_cap: float = Field(
+        0.0,
+        ge=0,
+        description="Truncated importance-sampling correction for the sampler-trainer gap "
+        "(clipped surrogate only): each token's policy-gradient term is weighted by "
+        "min(π_old / π_rollout, cap). 0 turns it off. Matters when the rollout samples with "
+        "other weights than the trainer scores with (`rollout.dtype`).",
+    )
     distillation_mode: Literal["advantage", "direct"] = Field(
         "advantage",
         description="OPD only: `advantage` uses the teacher-student log-ratio as a per-token "
@@ -205,6 +213,7 @@ class RLConfig(Section):
         "lr",
         "weight_decay",
         "grad_clip",
+        "rollout_is_cap",
     )
     @classmethod
     def _finite(cls, value: float) -> float:

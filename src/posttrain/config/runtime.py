@@ -49,9 +49,16 @@ class PlacementConfig(Section):
     torch_threads_per_process: int = Field(
         1,
         ge=1,
-        description="torch intra-op threads in every Ray actor process; keep the product with the "
-        "process count at or below the core count. A `local` run leaves the threads of the "
-        "calling process as they are.",
+        description="torch intra-op threads of every process that runs roles (each Ray actor, or "
+        "the one process of a `local` run); keep the product with the process count at or below "
+        "the core count. For small models one thread is fastest.",
+    )
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda|cuda:[0-9]+)$",
+        description="Device of the model-bearing roles (policy, reference, rollout, teacher) of a "
+        "`local` run: `auto` (CUDA when present, else the CPU), `cpu`, `cuda` or `cuda:N`. Ray "
+        "places roles with `gpus_per_role` instead.",
     )
 
     @field_validator("cpus_per_role", "gpus_per_role")

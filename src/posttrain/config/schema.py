@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field
 
 from posttrain.config.base import Section
+from posttrain.config.dpo import DPOConfig
 from posttrain.config.rl import RLConfig
 from posttrain.config.runtime import CheckpointConfig, LoggingConfig, PlacementConfig
 from posttrain.config.sections import (
@@ -31,6 +32,7 @@ class PosttrainConfig(Section):
     teacher: TeacherConfig = Field(
         default_factory=TeacherConfig, description="Distillation teacher (OPD only)."
     )
+    dpo: DPOConfig = Field(default_factory=DPOConfig, description="Diffusion DPO.")
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="Role placement."
     )

@@ -105,6 +105,11 @@ class ModelConfig(Section):
         description="Names of the linear modules that get adapters (peft `target_modules`), "
         "e.g. `[q_proj, v_proj]` or add `gate_proj, up_proj, down_proj` for the MLP.",
     )
+    compile: bool = Field(
+        False,
+        description="torch.compile the micro-batch forward and log-prob (the first step of each "
+        "new shape pays the compilation). Worth it on a GPU; on the CPU it rarely pays off.",
+    )
     init_preset: Literal["tiny", "small", "arith"] | None = Field(
         None,
         description="When set and `model.name_or_path` does not exist yet, the entry builds a "
@@ -205,7 +210,20 @@ class RolloutConfig(Section):
         "divisor of `rl.loss_type=seq-mean-token-sum-fixed`. Strict positive integer (bool, "
         "fractional, zero and negative values are rejected).",
     )
-    engine: Literal["torch"] = Field("torch", description="Sampling engine.")
+    engine: Literal["torch", "static"] = Field(
+        "torch",
+        description="Sampling engine. `torch`: HF forwards with a growing KV cache, finished "
+        "rows dropped (fastest on the CPU). `static`: fixed KV buffers and a decode step without "
+        "host syncs, captured as CUDA graphs on a GPU (Llama-family models only; eager on CPU).",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Weights the engine samples with. `float32` on the policy's device samples "
+        "with the policy module itself (no copy); any other dtype gives the engine its own copy, "
+        "refreshed from the float32 master weights after every update. `auto`: bfloat16 on CUDA, "
+        "float32 on the CPU. The loss scores π_old with the trainer's own forward either way; "
+        "the gap is published as `train/rollout/logprob_abs_diff`.",
+    )
 
     _check_temperature = field_validator("temperature", "top_p")(_finite)
 

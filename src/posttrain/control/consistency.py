@@ -209,6 +209,18 @@ def ray_knobs_need_ray(cfg: PosttrainConfig) -> str | None:
     return f"{are(knobs)} never read by placement.backend=local; {hint}, or use backend=ray"
 
 
+@error("placement.backend", "placement.device")
+def device_needs_local(cfg: PosttrainConfig) -> str | None:
+    """placement.device places the roles of an in-process run; Ray actors get their device from
+    placement.gpus_per_role."""
+    if cfg.placement.backend == "local" or cfg.placement.is_default("device"):
+        return None
+    return (
+        f"placement.device={cfg.placement.device} is never read by placement.backend=ray (Ray "
+        "actors run on CUDA when placement.gpus_per_role > 0); remove it"
+    )
+
+
 @error("rl.optimizer", "rl.adam_beta1", "rl.adam_beta2")
 def adam_betas_need_adamw(cfg: PosttrainConfig) -> str | None:
     """The Adam moment decays are read only by rl.optimizer=adamw."""
@@ -269,6 +281,7 @@ RULES = (
     batch_covers_updates,
     deterministic_minis_fill_micro_batches,
     ray_knobs_need_ray,
+    device_needs_local,
     adam_betas_need_adamw,
     jsonl_reads_whole_files,
     warmup_fits_the_run,

@@ -91,6 +91,18 @@ def sequence_level_per_token_advantages(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@error("rl.grpo_surrogate", "rl.rollout_is_cap")
+def rollout_is_cap_needs_clipped(cfg: PosttrainConfig) -> str | None:
+    """The truncated importance-sampling correction reweights the clipped surrogate's terms;
+    legacy_pg never reads it."""
+    if cfg.rl.grpo_surrogate == "clipped" or cfg.rl.rollout_is_cap == 0.0:
+        return None
+    return (
+        f"rl.rollout_is_cap={cfg.rl.rollout_is_cap} is never read by rl.grpo_surrogate="
+        f"{cfg.rl.grpo_surrogate}; set rl.rollout_is_cap=0 or rl.grpo_surrogate=clipped"
+    )
+
+
 @error("rl.advantage_estimator", "rl.reward_scaling", "rl.advantage_eps")
 def advantage_eps_unread(cfg: PosttrainConfig) -> str | None:
     """dr_grpo, and rloo with reward_scaling=none, never divide the advantage by a std, so
@@ -197,6 +209,7 @@ RULES = (
     legacy_pg_clip_knobs,
     kl_beta_without_kl_term,
     kl_estimator_without_kl_term,
+    rollout_is_cap_needs_clipped,
     legacy_pg_sequence_level,
     sequence_level_dual_clip,
     sequence_level_per_token_advantages,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from posttrain.config.schema import PosttrainConfig
-from posttrain.control import consistency, external, inactive, inert, opd, temperature
+from posttrain.control import consistency, dpo, external, inactive, inert, opd, temperature
 from posttrain.control.rules import PreflightError, Rule
 
 #: Every preflight rule, in the order they run (and are documented).
@@ -14,6 +14,7 @@ RULES: tuple[Rule, ...] = (
     *consistency.RULES,
     *external.RULES,
     *opd.RULES,
+    *dpo.RULES,
 )
 
 

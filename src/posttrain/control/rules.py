@@ -54,9 +54,12 @@ def warning(*reads: str) -> Callable[[Check], Rule]:
     return lambda check: Rule(check, "warning", reads)
 
 
-def objective_family(config: PosttrainConfig) -> Literal["grpo", "opd"]:
-    """``opd`` when ``job.algorithm`` starts with "opd", else ``grpo``."""
-    return "opd" if config.job.algorithm.startswith("opd") else "grpo"
+def objective_family(config: PosttrainConfig) -> Literal["grpo", "opd", "dpo"]:
+    """``opd`` / ``dpo`` when ``job.algorithm`` starts with that, else ``grpo``."""
+    for family in ("opd", "dpo"):
+        if config.job.algorithm.startswith(family):
+            return family  # type: ignore[return-value]
+    return "grpo"
 
 
 def changed(section: object, *names: str) -> list[str]:

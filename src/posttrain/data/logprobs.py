@@ -10,9 +10,11 @@ keeping its float32 copy alive for it.
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -96,6 +98,23 @@ def token_logprobs_and_entropy(
     return logp, ent
 
 
+#: Above this many logit elements (rows x response tokens x vocabulary) per forward, log-probs
+#: are computed in row chunks whose logits are recomputed in the backward instead of stored.
+LOGIT_CHUNK_ELEMENTS = 1 << 26
+
+#: Config attributes that make an HF head more than ``lm_head(hidden)`` (soft-capping, scaling).
+_HEAD_MODIFIERS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def _forward_kwargs(batch: TrajectoryBatch) -> dict:
+    return dict(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids_from_mask(batch.attention_mask),
+        use_cache=False,
+    )
+
+
 def response_logits(model: nn.Module, batch: TrajectoryBatch) -> Tensor:
     """``[B, R, V]`` logits that predict each response token (row ``t`` predicts token ``t``).
 
@@ -103,25 +122,83 @@ def response_logits(model: nn.Module, batch: TrajectoryBatch) -> Tensor:
     the first response token through the last response token.
     """
     r = batch.response_width
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=position_ids_from_mask(batch.attention_mask),
-        use_cache=False,
-        logits_to_keep=r + 1,
-    )
+    out = model(**_forward_kwargs(batch), logits_to_keep=r + 1)
     return out.logits[:, -(r + 1) : -1, :]
 
 
-def response_logprobs(model: nn.Module, batch: TrajectoryBatch, temperature: float = 1.0) -> Tensor:
-    """``[B, R]`` logprobs of each response token given everything before it."""
-    return token_logprobs(response_logits(model, batch), batch.response_ids, temperature)
+def response_logprobs(
+    model: nn.Module,
+    batch: TrajectoryBatch,
+    temperature: float = 1.0,
+    chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
+) -> Tensor:
+    """``[B, R]`` logprobs of each response token given everything before it.
+
+    When the response logits would exceed ``chunk_elements`` and the model's head is a plain
+    linear layer, the decoder runs once and the head + log-softmax run per chunk of rows under
+    activation checkpointing: the full-vocab logits (and their float32 copy) never exist for the
+    whole batch at once.
+    """
+    return _response_scores(model, batch, temperature, None, chunk_elements)[0]
 
 
 def response_logprobs_and_entropy(
-    model: nn.Module, batch: TrajectoryBatch, temperature: float, entropy: EntropyMode
+    model: nn.Module,
+    batch: TrajectoryBatch,
+    temperature: float,
+    entropy: EntropyMode,
+    chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
 ) -> tuple[Tensor, Tensor]:
-    """``[B, R]`` logprobs and policy entropies at each response position, from one forward."""
-    return token_logprobs_and_entropy(
-        response_logits(model, batch), batch.response_ids, temperature, entropy
+    """``[B, R]`` logprobs and policy entropies at each response position, from one forward
+    (chunked like :func:`response_logprobs`)."""
+    logp, ent = _response_scores(model, batch, temperature, entropy, chunk_elements)
+    if ent is None:
+        raise ValueError("entropy must be 'metric' or 'grad'")
+    return logp, ent
+
+
+def _response_scores(
+    model: nn.Module,
+    batch: TrajectoryBatch,
+    temperature: float,
+    entropy: EntropyMode | None,
+    chunk_elements: int,
+) -> tuple[Tensor, Tensor | None]:
+    r = batch.response_width
+    head = _plain_head(model)
+    per_row = max(1, r * head.out_features) if head is not None else 0
+    rows = max(1, chunk_elements // per_row) if per_row else batch.batch_size
+    if rows >= batch.batch_size:
+        return _score(response_logits(model, batch), batch.response_ids, temperature, entropy)
+    hidden = model.get_decoder()(**_forward_kwargs(batch)).last_hidden_state
+    hidden = hidden[:, -(r + 1) : -1, :]
+    targets = batch.response_ids
+    logps, ents = [], []
+    for s in range(0, batch.batch_size, rows):
+        args = (hidden[s : s + rows], head.weight, head.bias, targets[s : s + rows])
+        fn = functools.partial(_head_scores, temperature=temperature, entropy=entropy)
+        if torch.is_grad_enabled():
+            logp, ent = checkpoint(fn, *args, use_reentrant=False)
+        else:
+            logp, ent = fn(*args)
+        logps.append(logp)
+        ents.append(ent)
+    return torch.cat(logps), None if entropy is None else torch.cat(ents)
+
+
+def _head_scores(hidden, weight, bias, targets, *, temperature, entropy):
+    return _score(F.linear(hidden, weight, bias), targets, temperature, entropy)
+
+
+def _plain_head(model: nn.Module) -> nn.Linear | None:
+    """The output layer when logits are exactly ``head(decoder(x).last_hidden_state)``."""
+    get_head, get_decoder = (
+        getattr(model, n, None) for n in ("get_output_embeddings", "get_decoder")
     )
+    if get_head is None or get_decoder is None or hasattr(model, "_orig_mod"):
+        return None  # a torch.compile wrapper owns the whole forward; don't bypass it
+    config = getattr(model, "config", None)
+    if any(getattr(config, a, None) not in (None, 1, 1.0) for a in _HEAD_MODIFIERS):
+        return None
+    head = get_head()
+    return head if type(head) is nn.Linear else None

@@ -133,6 +133,20 @@ def _add_opd(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=opd_train)
 
 
+def dpo(args: argparse.Namespace, overrides: list[str]) -> int:
+    from posttrain.entrypoints.dpo_cli import dispatch
+
+    return dispatch(args, overrides)
+
+
+def _add_dpo(sub: argparse._SubParsersAction) -> None:
+    from posttrain.entrypoints.dpo_cli import add_arguments
+
+    p = sub.add_parser("dpo", help="Diffusion DPO on preference pairs; tools: pretrain, make-pairs")
+    add_arguments(p)
+    p.set_defaults(handler=dpo)
+
+
 def plot(args: argparse.Namespace, overrides: list[str]) -> int:
     from posttrain.metrics.plot import plot_runs
 
@@ -178,6 +192,7 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
 #: Subcommand registrars, in help order.
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_config,
+    _add_dpo,
     _add_grpo,
     _add_opd,
     _add_model,

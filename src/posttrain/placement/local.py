@@ -1,16 +1,24 @@
 """In-process placement (the default): every role lives in the driver process.
 
 The config is resolved once and shared by every role; the rollout role samples with the policy's
-own module, so weight sync copies nothing.
+own module, so weight sync copies nothing, unless ``rollout.dtype`` asks for a low-precision copy
+(the default on CUDA). ``placement.device`` puts the policy, the reference, the rollout and the
+teacher on one device; ``placement.torch_threads_per_process`` sets this process's torch threads.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
+import torch
+
 from posttrain.config import ConfigError, PosttrainConfig
+from posttrain.placement.device import resolve_device, rollout_dtype
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 from posttrain.placement.teacher import TeacherRole
+
+log = logging.getLogger("posttrain")
 
 
 @dataclass
@@ -21,7 +29,8 @@ class LocalRoles:
     teacher: TeacherRole | None = None
 
     def sync_weights(self) -> int:
-        """After an update: the engine holds the policy module itself, nothing travels."""
+        """After an update: an engine sharing the policy module copies nothing; an own
+        low-precision copy is refreshed from the float32 master weights."""
         return self.rollout.sync(self.policy.model)
 
     def close(self) -> None:
@@ -34,12 +43,27 @@ def place_local(
     run_dir: str,
     teacher: bool = False,
 ) -> LocalRoles:
-    ranks = config.placement.policy_ranks
+    cfg = config
+    ranks = cfg.placement.policy_ranks
     if ranks != 1:
         raise ConfigError(
             f"placement.policy_ranks={ranks} needs placement.backend=ray (in-process placement "
             "runs one policy rank)"
         )
-    policy = PolicyRole(config, build_objective_fn, run_dir)
-    rollout = RolloutRole(config, model=policy.model)
-    return LocalRoles(policy, rollout, RewardRole(config), TeacherRole(config) if teacher else None)
+    torch.set_num_threads(cfg.placement.torch_threads_per_process)
+    device = resolve_device(cfg.placement.device)
+    policy = PolicyRole(cfg, build_objective_fn, run_dir, device=str(device))
+    dtype = rollout_dtype(cfg.rollout.dtype, device)
+    # float32 samples with the policy module itself; another dtype needs the engine's own copy.
+    shared = policy.model if dtype == "float32" else None
+    rollout = RolloutRole(cfg, model=shared, device=str(device))
+    ref = "" if cfg.rl.kl_beta == 0 else f", reference on {device} ({cfg.model.dtype})"
+    tea = f", teacher on {device} ({cfg.teacher.dtype})" if teacher else ""
+    log.info(
+        "placement: policy on %s (float32 master, %s compute)%s%s, rollout on %s (%s%s); "
+        "%d torch thread(s)", device, cfg.model.dtype, ref, tea, device, dtype,
+        ", shares the policy module" if shared is not None else ", own copy",
+        cfg.placement.torch_threads_per_process,
+    )  # fmt: skip
+    teacher_role = TeacherRole(cfg, device=str(device)) if teacher else None
+    return LocalRoles(policy, rollout, RewardRole(cfg), teacher_role)

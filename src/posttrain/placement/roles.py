@@ -23,9 +23,10 @@ from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.loading import load_policy
 from posttrain.model.lora import AdapterFreeReference, apply_lora, is_lora, merged_state
 from posttrain.model.protocol import model_capabilities, require_trainable
+from posttrain.placement.device import rollout_dtype
 from posttrain.reward import RewardStage
 from posttrain.reward.stage import RewardResult, RowScores
-from posttrain.rollout import Rollout, TorchRolloutEngine
+from posttrain.rollout import GraphRolloutEngine, Rollout, TorchRolloutEngine
 from posttrain.trainer import CheckpointManager, LLMTrainer, ResumeState
 
 ObjectiveBuilder = Callable[[Any, Any], Any]
@@ -76,6 +77,7 @@ class PolicyRole:
             total_steps=rl.max_steps * rl.mini_batch_per_replica,
             precision=cfg.model.dtype,
             gradient_checkpointing=cfg.model.gradient_checkpointing,
+            compile=cfg.model.compile,
             max_consecutive_nonfinite=rl.max_consecutive_nonfinite,
             certified_deterministic_forward=cfg.model.certified_deterministic_forward,
             auxiliary_models=auxiliary,
@@ -121,8 +123,8 @@ class RolloutRole:
     """Samples responses. Given ``model``, it samples with that very module (in-process sharing:
     weight sync then copies nothing); otherwise it loads its own copy from the config.
 
-    An own copy is float32, like the policy's master weights that the in-process engine samples
-    with, so both placements draw the same tokens for the same seed.
+    An own copy has ``rollout.dtype`` (float32 on the CPU by default, like the policy's master
+    weights, so both placements draw the same tokens for the same seed; bfloat16 on CUDA).
     """
 
     def __init__(
@@ -133,13 +135,15 @@ class RolloutRole:
     ) -> None:
         self.config = cfg = config
         if model is None:
+            dtype = rollout_dtype(cfg.rollout.dtype, device)
             model, tokenizer = load_policy(
-                cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", device
+                cfg.model.name_or_path, cfg.model.tokenizer_path, dtype, device
             )
         else:
             tokenizer = _load_tokenizer(cfg)
         self.tokenizer = tokenizer
-        self.engine = TorchRolloutEngine(model, tokenizer)
+        engine_cls = GraphRolloutEngine if cfg.rollout.engine == "static" else TorchRolloutEngine
+        self.engine = engine_cls(model, tokenizer)
 
     def generate(
         self,

@@ -247,8 +247,9 @@ class TorchRolloutEngine:
         )
         texts = None
         if self.tokenizer is not None:
+            # One tolist for the whole batch: per-row tensor slicing cost more than decoding.
             seqs = [
-                row[:length].tolist() for row, length in zip(tokens, lengths.tolist(), strict=True)
+                row[:length] for row, length in zip(tokens.tolist(), lengths.tolist(), strict=True)
             ]
             texts = tuple(self.tokenizer.batch_decode(seqs, skip_special_tokens=True))
         return Rollout(batch=batch, truncated=~stopped, texts=texts, n=n)

@@ -83,7 +83,8 @@ class Trainer:
     float64 models); ``"bfloat16"`` runs forwards under bf16 autocast with full-precision master
     weights. ``auxiliary_models`` (e.g. the frozen reference behind a ``ReferenceScorer``) are
     moved to the trainer's device, put in eval mode and frozen; they are never optimised.
-    ``max_consecutive_nonfinite`` consecutive skipped steps stop the run.
+    ``max_consecutive_nonfinite`` consecutive skipped steps stop the run. ``compile`` runs the
+    objective (forward and log-prob of each micro-batch) through ``torch.compile``.
 
     Data parallel: when ``torch.distributed`` is initialised, every rank constructs the trainer
     and calls ``train_on_batch``/``step`` together on its own shard (rows and tokens may differ);
@@ -110,6 +111,7 @@ class Trainer:
         max_consecutive_nonfinite: int = 3,
         auxiliary_models: Sequence[nn.Module] = (),
         device: torch.device | str | None = None,
+        compile: bool = False,
     ) -> None:
         if not isinstance(objective, Objective):
             raise TypeError(
@@ -138,6 +140,9 @@ class Trainer:
         if gradient_checkpointing:
             _enable_gradient_checkpointing(model)
         dp.broadcast_module_(self.model)
+        # The objective's forward + log-prob runs through the compiled wrapper (same parameters);
+        # π_old is scored through it too, so a frozen π_old matches the update's forward.
+        self.forward_model = torch.compile(self.model, dynamic=True) if compile else self.model
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the policy model has no parameters with requires_grad=True")
@@ -237,7 +242,7 @@ class Trainer:
             self._warn_unequal_mean_chunks([len(c) for c in chunks])
         try:
             acc = accumulate_gradients(
-                self.model, self.objective, chunks, forward_context=self.forward_context
+                self.forward_model, self.objective, chunks, forward_context=self.forward_context
             )
         except NonFiniteInputError:
             # NaN/inf log-probs (a diverged policy) take the path of a NaN loss: skip and count.

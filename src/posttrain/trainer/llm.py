@@ -67,7 +67,7 @@ class LLMTrainer(Trainer):
             raise ValueError("the objective declares no old_logp_cache; there is no π_old")
         collected = collected.to(self.device)
         with self.forward_context():
-            cache.capture(self.model, collected, chunk_size=self.micro_batch_size)
+            cache.capture(self.forward_model, collected, chunk_size=self.micro_batch_size)
         if self.certified_deterministic_forward and len(collected):
             self._verify_deterministic(collected[0 : min(self.micro_batch_size, len(collected))])
 
@@ -75,7 +75,7 @@ class LLMTrainer(Trainer):
     def _verify_deterministic(self, chunk: TrajectoryBatch) -> None:
         cache = self.old_logp_cache
         with self.forward_context():
-            again = cache.score(self.model, chunk)
+            again = cache.score(self.forward_model, chunk)
         frozen = cache.old_logprobs(chunk, again)
         mask = chunk.response_mask
         if not torch.equal(again[mask], frozen[mask]):

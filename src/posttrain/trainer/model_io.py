@@ -20,6 +20,8 @@ from posttrain.trainer.errors import CheckpointError
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 ADAPTER_FILE = "adapter_model.safetensors"
+#: What diffusers' ``save_pretrained`` writes for one model (a UNet, a VAE).
+DIFFUSERS_FILE = "diffusion_pytorch_model.safetensors"
 
 
 def save_model_dir(model: nn.Module, directory: Path, tokenizer: object | None = None) -> None:
@@ -37,8 +39,9 @@ def _shard_files(directory: Path) -> list[Path]:
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
         return [directory / name for name in sorted(set(weight_map.values()))]
-    if (directory / SINGLE_FILE).exists():
-        return [directory / SINGLE_FILE]
+    for name in (SINGLE_FILE, DIFFUSERS_FILE):
+        if (directory / name).exists():
+            return [directory / name]
     raise CheckpointError(f"{directory} holds neither {SINGLE_FILE} nor {INDEX_FILE}")
 
 

@@ -1,0 +1,128 @@
+"""TRL's side of ``vs_trl.py``: GRPOTrainer on the same model, prompts and hyper-parameters.
+
+Only the benchmark venv (``make bench-trl``) has TRL; posttrain never imports this module.
+TRL drives its own training loop, so the comparison interleaves through a ``TrainerCallback``:
+after each TRL optimizer step, the callback runs one posttrain step (A/B/A/B in one process).
+TRL phases come from the same forward hooks as posttrain's, plus a timer around generation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from bench_posttrain import PhaseClock, Workload
+from datasets import Dataset
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+
+class TimedGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer that reports the wall time of generation (hooks are off while it samples)."""
+
+    clock: PhaseClock
+
+    def _generate_single_turn(self, *args, **kwargs):
+        armed, self.clock.armed = self.clock.armed, False
+        t0 = time.perf_counter()
+        try:
+            return super()._generate_single_turn(*args, **kwargs)
+        finally:
+            self.clock.totals["generate"] = self.clock.totals.get("generate", 0.0) + (
+                time.perf_counter() - t0
+            )
+            self.clock.armed = armed
+
+
+class Interleave(TrainerCallback):
+    """Times each TRL optimizer step, then runs ``after_step(step)`` (the other side's step)."""
+
+    def __init__(self, clock: PhaseClock, after_step: Callable[[int], None]) -> None:
+        self.clock = clock
+        self.after_step = after_step
+        self.steps: list[dict[str, float]] = []
+        self._t0 = 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.clock.take()
+        self.clock.armed = True
+        self._t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        total = time.perf_counter() - self._t0
+        self.clock.armed = False
+        phases = self.clock.take()
+        phases["step"] = total
+        phases["loss_backward_optim"] = total - sum(v for k, v in phases.items() if k != "step")
+        self.steps.append(phases)
+        self.after_step(state.global_step)
+
+
+def exact_reward(completions, answer, **_) -> list[float]:
+    return [float(c.strip() == a) for c, a in zip(completions, answer, strict=True)]
+
+
+def trl_trainer(
+    w: Workload,
+    model_dir: Path,
+    out_dir: Path,
+    rows: list[dict],
+    steps: int,
+    seed: int,
+    bf16: bool = False,
+) -> TimedGRPOTrainer:
+    """A GRPOTrainer whose step i sees prompts ``rows[i*P:(i+1)*P]`` (no shuffling)."""
+    batch = w.prompts * w.n
+    args = GRPOConfig(
+        output_dir=str(out_dir),
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1,
+        generation_batch_size=batch,
+        num_generations=w.n,
+        num_iterations=1,
+        max_completion_length=w.max_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        beta=w.kl_beta,
+        epsilon=0.2,
+        loss_type="dapo",  # = posttrain's token-mean over one micro-batch
+        scale_rewards="group",
+        learning_rate=w.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        optim="adamw_torch",
+        max_grad_norm=1.0,
+        max_steps=steps,
+        shuffle_dataset=False,
+        use_cpu=True,
+        bf16=bf16,
+        seed=seed,
+        logging_steps=10**6,
+        save_strategy="no",
+        report_to="none",
+        disable_dropout=True,
+        gradient_checkpointing=False,  # TRL defaults to True; posttrain to False (same work)
+        dataloader_num_workers=0,
+        model_init_kwargs={"dtype": torch.float32},
+    )
+    from posttrain.model.loading import load_tokenizer
+
+    trainer = TimedGRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=[exact_reward],
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=load_tokenizer(str(model_dir)),
+    )
+    trainer.clock = PhaseClock()
+    trainer.clock.watch(
+        trainer.model, lambda: "policy_fwd" if torch.is_grad_enabled() else "pi_old_fwd"
+    )
+    if trainer.ref_model is not None:
+        trainer.clock.watch(trainer.ref_model, lambda: "reference_fwd")
+    return trainer
