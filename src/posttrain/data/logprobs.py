@@ -1,11 +1,11 @@
 """Per-token logprobs (and entropies) of response tokens under a causal LM.
 
-The logits of a batch are ``[B, R, V]``; a float32 copy of all of them is the largest tensor of
-an RL step for a bf16 model with a large vocabulary. So scoring runs over chunks of
-positions holding about :data:`CHUNK_ELEMENTS` logits each: only one chunk's float32 copy (and its
-softmax temporaries) exists at a time, and when the
-logits carry a gradient each chunk is checkpointed (recomputed in the backward pass) instead of
-keeping its float32 copy alive for it.
+The logits of a batch are ``[B, R, V]``; they and their float32 copy are the largest tensors of an
+RL step for a model with a large vocabulary. Two bounds keep them small: above
+:data:`LOGIT_CHUNK_ELEMENTS` the head runs per chunk of rows (:func:`response_logprobs`), and
+scoring already-computed logits runs over chunks of about :data:`CHUNK_ELEMENTS` logits, so only
+one chunk's float32 copy and softmax temporaries exist at a time. With a gradient every chunk is
+checkpointed (recomputed in the backward pass) instead of kept alive for it.
 """
 
 from __future__ import annotations
