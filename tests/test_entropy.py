@@ -103,3 +103,19 @@ def test_legacy_pg_reports_entropy():
     _, metrics = obj(model, batch)
     assert metrics["entropy"].item() > 0
     assert set(obj.metric_adapter.adapt(metrics)) >= {"train/pg/entropy"}
+
+
+def test_head_chunked_entropy_matches_the_whole_forward():
+    model, batch = tiny_llama(), random_batch()
+
+    def run(chunk_elements: int):
+        model.zero_grad()
+        logp, ent = lp.response_logprobs_and_entropy(model, batch, 0.8, "grad", chunk_elements)
+        (logp.sum() + ent.sum()).backward()
+        return logp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()]
+
+    whole, chunked = run(10**9), run(1)  # one row per head chunk
+    torch.testing.assert_close(chunked[0], whole[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(chunked[1], whole[1], rtol=1e-12, atol=1e-12)
+    for a, b in zip(chunked[2], whole[2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
