@@ -27,10 +27,11 @@ from posttrain.algorithm.primitives.objective import (
 )
 from posttrain.algorithm.primitives.policy_gradient import (
     LOSS_TYPES,
+    check_max_response_length,
     clipped_policy_gradient_loss,
     legacy_policy_gradient_loss,
     masked_mean,
-    reduce_policy_gradient_loss,
+    token_sum_loss,
 )
 from posttrain.algorithm.primitives.rollout_correction import (
     logprob_abs_diff,
@@ -61,14 +62,6 @@ GRPO_METRICS = {
 
 #: Metrics that are not token/sequence means (everything else is a weighted mean).
 GRPO_REDUCTIONS = {"ratio_min": "min", "ratio_max": "max"}
-
-
-def _validate_max_len(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(
-            f"context.max_response_length (rollout.max_tokens) must be a positive int, got {value!r}"
-        )
-    return value
 
 
 def _require_advantages(batch: TrajectoryBatch) -> Tensor:
@@ -104,12 +97,7 @@ def identity_of(rl: Any) -> dict[str, Any]:
 
 
 def _finish(per_token: Tensor, mask: Tensor, loss_type: str, max_len: int | None, metrics: dict):
-    num, weight = reduce_policy_gradient_loss(
-        per_token, mask, loss_type, max_response_length=max_len
-    )
-    weight = weight.detach()
-    # An empty chunk has numerator 0 and weight 0: report loss 0 so loss * weight stays 0.
-    loss = num / weight if float(weight) > 0 else num
+    loss, weight = token_sum_loss(per_token, mask, loss_type, max_response_length=max_len)
     metrics["pg_loss"] = loss.detach()
     metrics[OBJECTIVE_WEIGHT_SUM] = weight
     return loss, metrics
@@ -153,7 +141,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
         raise ValueError(f"rl.loss_type must be one of {LOSS_TYPES}, got {rl.loss_type!r}")
     max_len = getattr(context, "max_response_length", None)
     if rl.loss_type == "seq-mean-token-sum-fixed":
-        max_len = _validate_max_len(max_len)
+        max_len = check_max_response_length(max_len)
     temperature = float(rl.temperature)
     kl_beta = float(rl.kl_beta)
     entropy_coef = float(rl.entropy_coef)

@@ -34,9 +34,10 @@ from posttrain.algorithm.primitives.objective import (
 )
 from posttrain.algorithm.primitives.policy_gradient import (
     LOSS_TYPES,
+    check_max_response_length,
     clipped_policy_gradient_loss,
     masked_mean,
-    reduce_policy_gradient_loss,
+    token_sum_loss,
 )
 from posttrain.data.logprobs import response_logits, response_logprobs, token_logprobs
 from posttrain.data.trajectory import TrajectoryBatch
@@ -89,10 +90,8 @@ def _teacher_logprobs(batch: TrajectoryBatch) -> Tensor:
     return batch.teacher_logprobs
 
 
-def _as_token_sum(num: Tensor, weight: Tensor, metrics: dict[str, Tensor]):
-    weight = weight.detach()
-    # An empty chunk has numerator 0 and weight 0: report loss 0 so loss * weight stays 0.
-    loss = num / weight if float(weight) > 0 else num
+def _as_token_sum(per_token: Tensor, m: Tensor, loss_type: str, max_len, metrics: dict):
+    loss, weight = token_sum_loss(per_token, m, loss_type, max_response_length=max_len)
     metrics["loss"] = loss.detach()
     metrics[OBJECTIVE_WEIGHT_SUM] = weight
     return loss, metrics
@@ -113,12 +112,8 @@ def make_objective(rl: Any, context: Any) -> Objective:
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"rl.loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
     max_len = getattr(context, "max_response_length", None)
-    if loss_type == "seq-mean-token-sum-fixed" and (
-        isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0
-    ):
-        raise ValueError(
-            f"context.max_response_length (rollout.max_tokens) must be a positive int, got {max_len!r}"
-        )
+    if loss_type == "seq-mean-token-sum-fixed":
+        max_len = check_max_response_length(max_len)
     temperature = float(rl.temperature)
     adapter = MetricAdapter(OPD_METRICS, reductions=GRPO_REDUCTIONS)
     identity = identity_of(rl, getattr(context, "teacher_top_k", None))
@@ -148,10 +143,7 @@ def _advantage_objective(rl, loss_type, max_len, temperature, adapter, identity)
             teacher_logprob_mean=masked_mean(teacher.detach(), m),
             student_logprob_mean=masked_mean(old, m),
         )
-        num, weight = reduce_policy_gradient_loss(
-            per_token, m, loss_type, max_response_length=max_len
-        )
-        return _as_token_sum(num, weight, metrics)
+        return _as_token_sum(per_token, m, loss_type, max_len, metrics)
 
     return Objective(
         advantage, Reduction.TOKEN_SUM, adapter, old_logp_cache=cache, identity=identity
@@ -185,9 +177,6 @@ def _direct_objective(rl, loss_type, max_len, temperature, adapter, identity) ->
                 "teacher_logprob_mean": masked_mean(teacher, m),
                 "student_logprob_mean": masked_mean(student, m),
             }
-        num, weight = reduce_policy_gradient_loss(
-            per_token, m, loss_type, max_response_length=max_len
-        )
-        return _as_token_sum(num, weight, metrics)
+        return _as_token_sum(per_token, m, loss_type, max_len, metrics)
 
     return Objective(direct, Reduction.TOKEN_SUM, adapter, identity=identity)

@@ -196,3 +196,31 @@ def reduce_policy_gradient_loss(
     if loss_type == "seq-mean-token-sum":
         return seq_sum.sum(), n_seq
     return seq_sum.sum() / max_response_length, n_seq
+
+
+def check_max_response_length(value: object) -> int:
+    """The rollout bound ``seq-mean-token-sum-fixed`` divides by, checked when a builder runs."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(
+            f"context.max_response_length (rollout.max_tokens) must be a positive int, got {value!r}"
+        )
+    return value
+
+
+def token_sum_loss(
+    per_token_loss: Tensor,
+    mask: Tensor,
+    loss_type: str,
+    *,
+    max_response_length: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(loss, weight)`` of a TOKEN_SUM objective's chunk: ``loss = numerator / weight``.
+
+    The weight is detached (it is a count). An empty chunk has numerator 0 and weight 0; its
+    loss is the numerator itself, so ``loss * weight`` stays 0 instead of ``0 / 0``.
+    """
+    num, weight = reduce_policy_gradient_loss(
+        per_token_loss, mask, loss_type, max_response_length=max_response_length
+    )
+    weight = weight.detach()
+    return (num / weight if float(weight) > 0 else num), weight
