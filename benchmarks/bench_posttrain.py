@@ -115,11 +115,12 @@ class PosttrainSide:
         scorer = policy.objective.reference_scorer
         if scorer is not None:
             self.clock.watch(scorer.module, lambda: "reference_fwd")
-        self.cursor = 0
+        self.cursor = self.step_cursor = 0
         self.w = w
 
     def prompts_for(self, step: int) -> list:
         """The task items of ``step`` (same order the GRPO entry would take them)."""
+        self.step_cursor = self.cursor
         items, self.cursor = self.tasks.take(self.config.job.seed, self.cursor, self.w.prompts)
         return items
 
@@ -128,7 +129,10 @@ class PosttrainSide:
 
         roles = self.roles
         t0 = time.perf_counter()
-        _, result, times = collect(self.config, roles, self.tokenizer, items, step)
+        sampled, result, times = collect(
+            self.config, roles, self.tokenizer, self.tasks, self.step_cursor, step
+        )
+        assert list(sampled.items) == list(items), "posttrain sampled other prompts than TRL"
         t2 = time.perf_counter()
         self.clock.armed = True
         try:
