@@ -115,12 +115,13 @@ class PosttrainSide:
         scorer = policy.objective.reference_scorer
         if scorer is not None:
             self.clock.watch(scorer.module, lambda: "reference_fwd")
-        self.cursor = self.step_cursor = 0
+        self.cursor = 0
+        self.step_cursors: dict[int, int] = {}  # the data cursor each step starts from
         self.w = w
 
     def prompts_for(self, step: int) -> list:
         """The task items of ``step`` (same order the GRPO entry would take them)."""
-        self.step_cursor = self.cursor
+        self.step_cursors[step] = self.cursor
         items, self.cursor = self.tasks.take(self.config.job.seed, self.cursor, self.w.prompts)
         return items
 
@@ -130,7 +131,7 @@ class PosttrainSide:
         roles = self.roles
         t0 = time.perf_counter()
         sampled, result, times = collect(
-            self.config, roles, self.tokenizer, self.tasks, self.step_cursor, step
+            self.config, roles, self.tokenizer, self.tasks, self.step_cursors[step], step
         )
         assert list(sampled.items) == list(items), "posttrain sampled other prompts than TRL"
         t2 = time.perf_counter()
