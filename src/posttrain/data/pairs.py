@@ -20,7 +20,7 @@ import torch
 
 from posttrain.data.images import PairBatch
 from posttrain.data.shapes import from_tensor, to_tensor
-from posttrain.data.tasks.jsonl import TaskDataError
+from posttrain.data.tasks.jsonl import TaskDataError, jsonl_objects
 
 KEYS = ("condition", "chosen", "rejected")
 
@@ -54,15 +54,11 @@ def load_pairs(manifest: str | Path, image_size: int, num_classes: int) -> PairB
     if not path.is_file():
         raise PairDataError(f"{path}: no such file (pairs manifest, dpo.pairs_path)")
     chosen, rejected, labels = [], [], []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            cond, a, b = _parse_row(where, line, num_classes)
-            chosen.append(_image(where, path.parent / a, image_size))
-            rejected.append(_image(where, path.parent / b, image_size))
-            labels.append(cond)
+    for where, row in jsonl_objects(path, PairDataError):
+        cond, a, b = _parse_row(where, row, num_classes)
+        chosen.append(_image(where, path.parent / a, image_size))
+        rejected.append(_image(where, path.parent / b, image_size))
+        labels.append(cond)
     if not labels:
         raise PairDataError(f"{path}: no pairs (the manifest is empty or blank)")
     n = len(labels)
@@ -74,13 +70,7 @@ def load_pairs(manifest: str | Path, image_size: int, num_classes: int) -> PairB
     )
 
 
-def _parse_row(where: str, line: str, num_classes: int) -> tuple[int, str, str]:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise PairDataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(row, dict):
-        raise PairDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+def _parse_row(where: str, row: dict, num_classes: int) -> tuple[int, str, str]:
     if set(row) != set(KEYS):
         raise PairDataError(f"{where}: expected exactly the keys {list(KEYS)}, got {sorted(row)}")
     cond = row["condition"]

@@ -83,54 +83,51 @@ def _add_config_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def grpo_train(args: argparse.Namespace, overrides: list[str]) -> int:
-    from posttrain.entrypoints.grpo import train_from_cli
+def _train_online(entry: str) -> Callable[[argparse.Namespace, list[str]], int]:
+    """The handler of an online entry (``posttrain.entrypoints.<entry>``), imported when run."""
 
-    return train_from_cli(args.config, overrides, args.objective)
+    def handler(args: argparse.Namespace, overrides: list[str]) -> int:
+        import importlib
+
+        module = importlib.import_module(f"posttrain.entrypoints.{entry}")
+        return module.train_from_cli(args.config, overrides, args.objective)
+
+    return handler
 
 
-def _add_objective_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+def _add_online(sub: argparse._SubParsersAction, entry: str, help: str, description: str):
+    p = sub.add_parser(
+        entry,
+        help=help,
+        description=description,
+        epilog=_recipes_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_config_argument(p)
+    p.add_argument(
         "--objective",
         metavar="MODULE:FUNCTION",
         default=None,
         help="your objective builder, build(rl, context) -> Objective, imported by name "
         "(the working directory is importable); default: the entry's built-in objective",
     )
+    p.set_defaults(handler=_train_online(entry))
 
 
 def _add_grpo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "grpo",
-        help="train with a GRPO-family objective",
-        description="Online RL: sample, score, group advantages, update. The recipe and its "
-        "overrides choose the surrogate (rl.grpo_surrogate) and everything else.",
-        epilog=_recipes_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_config_argument(p)
-    _add_objective_argument(p)
-    p.set_defaults(handler=grpo_train)
-
-
-def opd_train(args: argparse.Namespace, overrides: list[str]) -> int:
-    from posttrain.entrypoints.opd import train_from_cli
-
-    return train_from_cli(args.config, overrides, args.objective)
+    _add_online(
+        sub, "grpo", "train with a GRPO-family objective",
+        "Online RL: sample, score, group advantages, update. The recipe and its overrides "
+        "choose the surrogate (rl.grpo_surrogate) and everything else.",
+    )  # fmt: skip
 
 
 def _add_opd(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "opd",
-        help="on-policy distillation from a teacher model",
-        description="Sample from the student, score every token with the frozen teacher "
+    _add_online(
+        sub, "opd", "on-policy distillation from a teacher model",
+        "Sample from the student, score every token with the frozen teacher "
         "(teacher.name_or_path), update toward it (rl.distillation_mode: advantage or direct).",
-        epilog=_recipes_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_config_argument(p)
-    _add_objective_argument(p)
-    p.set_defaults(handler=opd_train)
+    )  # fmt: skip
 
 
 def dpo(args: argparse.Namespace, overrides: list[str]) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from posttrain.data.tasks.base import TaskItem, TaskSource, clip
@@ -26,31 +27,37 @@ def read_gsm8k_jsonl(path: str | Path) -> list[TaskItem]:
     p = Path(path)
     if not p.is_file():
         raise TaskDataError(f"{p}: no such file (task data path)")
-    items = []
-    with p.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise TaskDataError(
-                    f"{p}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1}); "
-                    "re-encode the file as UTF-8"
-                ) from None
-            if line.strip():
-                items.append(_parse_row(p, lineno, line))
+    items = [_parse_row(where, row) for where, row in jsonl_objects(p, TaskDataError)]
     if not items:
         raise TaskDataError(f"{p}: no rows (the file is empty or blank)")
     return items
 
 
-def _parse_row(path: Path, lineno: int, line: str) -> TaskItem:
-    where = f"{path}:{lineno}"
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise TaskDataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(row, dict):
-        raise TaskDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+def jsonl_objects(path: Path, error: type[Exception]) -> Iterator[tuple[str, dict]]:
+    """``("file:line", object)`` for every non-blank line of a JSON Lines file; a line that is
+    not UTF-8, not JSON or not an object raises ``error`` naming it."""
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise error(
+                    f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1}); "
+                    "re-encode the file as UTF-8"
+                ) from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise error(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise error(f"{where}: expected a JSON object, got {type(row).__name__}")
+            yield where, row
+
+
+def _parse_row(where: str, row: dict) -> TaskItem:
     for key in ("question", "answer"):
         if key not in row:
             raise TaskDataError(f"{where}: missing field {key!r} (have {sorted(row)})")
@@ -66,7 +73,7 @@ def _parse_row(path: Path, lineno: int, line: str) -> TaskItem:
     return TaskItem(
         prompt=row["question"].strip(),
         answer=number,
-        meta={"id": f"{path.name}:{lineno}", "solution": solution},
+        meta={"id": Path(where).name, "solution": solution},  # "<file name>:<line>"
     )
 
 
