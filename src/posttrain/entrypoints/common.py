@@ -55,3 +55,17 @@ def write_samples(path: Path, items, completions, scores, advantages=None) -> No
             row["advantage"] = float(advantages[i])
         rows.append(json.dumps(row) + "\n")
     atomic_write_text(path, "".join(rows))
+
+
+def refuse_driver_edits(driver: PosttrainConfig, resolved: PosttrainConfig) -> None:
+    """Roles rebuild the config from ``config_path`` + opts; a driver-side edit they can't see
+    would make the run differ from its record, so it is refused with the keys named."""
+    from posttrain.config import ConfigError, to_dict
+    from posttrain.trainer.compat import differing_keys
+
+    diff = differing_keys(to_dict(resolved), to_dict(driver))
+    if diff:
+        raise ConfigError(
+            f"the driver's config differs from config_path + opts at {', '.join(diff)}; roles "
+            "rebuild the config from config_path + opts, so pass the change as an override"
+        )

@@ -13,7 +13,6 @@ scorer's mean and the fraction of valid shapes, with a PNG grid per evaluation.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import logging
@@ -36,12 +35,11 @@ from posttrain.control import objective_family, run_preflight
 from posttrain.data import shapes
 from posttrain.data.images import PairBatch, step_seeds
 from posttrain.data.pairs import load_pairs, write_grid
-from posttrain.entrypoints.common import default_out_dir, write_resolved_config
+from posttrain.entrypoints.common import default_out_dir, refuse_driver_edits, write_resolved_config
 from posttrain.entrypoints.run_lock import RunLock, prepare_run_dir
 from posttrain.metrics import open_sinks
 from posttrain.model.diffusion import alphas_cumprod, unet_config
 from posttrain.trainer import Trainer
-from posttrain.trainer.compat import differing_keys
 from posttrain.trainer.errors import ResumeError
 
 log = logging.getLogger("posttrain")
@@ -105,12 +103,7 @@ def run(
     from posttrain.placement.diffusion import place_diffusion
 
     resolved = load_config(config_path, ["--", *opts])
-    diff = differing_keys(to_dict(resolved), to_dict(config))
-    if diff:
-        raise ConfigError(
-            f"the driver's config differs from config_path + opts at {', '.join(diff)}; roles "
-            "rebuild the config from config_path + opts, so pass the change as an override"
-        )
+    refuse_driver_edits(config, resolved)
     if objective_family(resolved) != "dpo":
         raise ConfigError(
             f"posttrain dpo needs job.algorithm to start with 'dpo', got "
@@ -198,17 +191,7 @@ def train_from_cli(config_path: str, opts: Sequence[str]) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``posttrain dpo --config RECIPE -- OVERRIDES`` (also ``python -m``) and its tools."""
-    from posttrain.entrypoints.cli import run_guarded, split_argv
-    from posttrain.entrypoints.dpo_cli import add_arguments, dispatch
-
-    head, overrides = split_argv(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="posttrain dpo")
-    add_arguments(parser)
-    args = parser.parse_args(head)
-    return run_guarded(lambda: dispatch(args, overrides))
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from posttrain.entrypoints.cli import main
+
+    raise SystemExit(main(["dpo", *sys.argv[1:]]))

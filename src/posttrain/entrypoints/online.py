@@ -27,7 +27,12 @@ from posttrain.config import ConfigError, PosttrainConfig, load_config, to_dict
 from posttrain.config.user_code import check_builder
 from posttrain.control import run_preflight
 from posttrain.data.tasks import TaskItem, TaskSource, make_task_source
-from posttrain.entrypoints.common import encode_prompts, write_resolved_config, write_samples
+from posttrain.entrypoints.common import (
+    encode_prompts,
+    refuse_driver_edits,
+    write_resolved_config,
+    write_samples,
+)
 from posttrain.entrypoints.dynamic_sampling import sample_step
 from posttrain.entrypoints.input_checks import check_inputs
 from posttrain.entrypoints.run_lock import RunLock, prepare_run_dir
@@ -35,7 +40,6 @@ from posttrain.entrypoints.signals import GracefulStop
 from posttrain.metrics import open_sinks
 from posttrain.model.loading import load_tokenizer
 from posttrain.model.tiny import build_tiny_model
-from posttrain.trainer.compat import differing_keys
 
 log = logging.getLogger("posttrain")
 
@@ -59,7 +63,7 @@ def run(
     check_builder(build_objective_fn)
     opts = [*opts, *pinned_opts]
     resolved = load_config(config_path, ["--", *opts])
-    _refuse_driver_edits(config, resolved)
+    refuse_driver_edits(config, resolved)
     for message in run_preflight(resolved):
         log.warning("preflight: %s", message)
     tasks = build_tasks(resolved)  # data errors surface before any model loads
@@ -72,15 +76,6 @@ def run(
             return loop(resolved, roles, tasks, run_dir)
         finally:
             roles.close()
-
-
-def _refuse_driver_edits(driver: PosttrainConfig, resolved: PosttrainConfig) -> None:
-    diff = differing_keys(to_dict(resolved), to_dict(driver))
-    if diff:
-        raise ConfigError(
-            f"the driver's config differs from config_path + opts at {', '.join(diff)}; workers "
-            "rebuild the config from config_path + opts, so pass the change as an override"
-        )
 
 
 def build_tasks(config: PosttrainConfig) -> TaskSource:

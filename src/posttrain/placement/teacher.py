@@ -48,9 +48,6 @@ class TeacherRole:
         self.top_k = cfg.teacher.top_k if cfg.rl.distillation_mode == "direct" else 0
         self.chunk = cfg.rl.micro_batch_size
 
-    def close(self) -> None:
-        """In-process, the teacher goes with the driver; a Ray teacher ends its actor here."""
-
     def score(self, rollout: Rollout) -> Rollout:
         """``rollout`` with the teacher's annotations on its batch (the loop's teacher phase)."""
         return with_annotations(rollout, self.annotations(rollout.batch))

@@ -206,7 +206,12 @@ class CheckpointManager:
         m = _STEP_DIR.match(path.name)
         if not m:
             raise CheckpointError(f"{path} is not a checkpoint directory (step_NNNNNNNN)")
-        meta = verify(path, int(m.group(1)))
+        return self._load_verified(path, verify(path, int(m.group(1))), trainer, config)
+
+    def _load_verified(
+        self, path: Path, meta: dict[str, Any], trainer: Trainer, config: Mapping[str, Any]
+    ) -> ResumeState:
+        """:meth:`load` once ``path`` has verified (``meta`` is what verification read)."""
         if meta.get("format_version") != FORMAT_VERSION:
             raise CorruptCheckpointError(
                 f"{path}: checkpoint format {meta.get('format_version')} is not {FORMAT_VERSION}"
@@ -262,10 +267,10 @@ class CheckpointManager:
         dp.barrier()
         candidates = self._step_dirs()
         skipped: list[Path] = []
-        chosen = None
+        chosen = meta = None
         for step, path in reversed(candidates):
             try:
-                verify(path, step)
+                meta = verify(path, step)  # hashes every file once; loading reuses the result
             except CorruptCheckpointError as e:
                 warnings.warn(f"{e}; skipping it and trying an older checkpoint", stacklevel=2)
                 skipped.append(path)
@@ -286,7 +291,7 @@ class CheckpointManager:
             if mode == "must":
                 raise ResumeError(f"rl.resume=must but {self.root} holds no complete checkpoint")
             return None
-        return self.load(chosen, trainer, config=config)
+        return self._load_verified(chosen, meta, trainer, config)
 
     def _remove_leftovers(self) -> None:
         """Delete the temp and trash directories an interrupted save left behind."""

@@ -96,6 +96,13 @@ class OldLogpCache:
                 "trainer arms it once per collected batch (train_on_batch, or "
                 "capture_old_logp(collected) before the first step())"
             )
+        armed = [self._tokens[i] for i in ids]
+        # One comparison (one device sync) for the batch; the per-row pass only names the culprits.
+        same_shape = all(t.shape == armed[0].shape for t in armed)
+        if same_shape and torch.equal(
+            torch.stack(armed).to(batch.input_ids.device), batch.input_ids
+        ):
+            return
         stale = [
             i
             for i, row in zip(ids, batch.input_ids, strict=True)
