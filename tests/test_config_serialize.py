@@ -28,6 +28,7 @@ from posttrain.config import (
 from posttrain.config.serialize import CoreDumper
 
 _TEXT = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), min_size=1, max_size=12)
+_SCALAR = st.integers(-100, 100) | st.booleans() | st.from_regex(r"[a-z]{0,5}", fullmatch=True)
 _SPECIAL: dict[str, st.SearchStrategy] = {
     "job.name": st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,10}", fullmatch=True),
     "job.algorithm": st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,10}", fullmatch=True),
@@ -39,8 +40,12 @@ _SPECIAL: dict[str, st.SearchStrategy] = {
     ),
     "data.reasoning_gym_options": st.dictionaries(
         st.from_regex(r"[a-z_]{1,8}", fullmatch=True),
-        st.integers(-100, 100) | st.booleans() | st.from_regex(r"[a-z]{0,5}", fullmatch=True),
+        _SCALAR | st.lists(_SCALAR, max_size=3),
         max_size=3,
+    ),
+    # The question's placeholder exactly once, any text around it.
+    "data.user_template": st.tuples(_TEXT | st.just(""), _TEXT | st.just("")).map(
+        lambda t: f"{t[0]}{{prompt}}{t[1]}"
     ),
     "model.lora_target_modules": st.lists(
         st.from_regex(r"[a-z_][a-z0-9_.]{0,8}", fullmatch=True), min_size=1, max_size=4

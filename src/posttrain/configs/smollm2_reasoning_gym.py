@@ -69,7 +69,7 @@ def build_config() -> PosttrainConfig:
 
     cfg.rl.grpo_surrogate = "clipped"
     cfg.rl.temperature = 1.0
-    cfg.rl.lr = 5e-5
+    cfg.rl.lr = 2e-4
     cfg.rl.mini_batch_per_replica = 1
     cfg.rl.micro_batch_size = 16
     cfg.rl.grad_clip = 1.0
