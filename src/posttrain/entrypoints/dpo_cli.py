@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="tool", metavar="TOOL")
     p = sub.add_parser("pretrain", help="train a tiny base UNet on the built-in shapes domain")
     p.add_argument("--out", required=True, help="model folder to write (DDPMPipeline layout)")
-    p.add_argument("--steps", type=int, default=1200)
+    p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--image-size", type=int, default=16)

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from posttrain.algorithm.dpo import make_denoising_objective
+from posttrain.config import ConfigError
 from posttrain.data import shapes
 from posttrain.data.images import ImageBatch, step_seeds
 from posttrain.data.pairs import PairDataError, write_grid, write_pairs
@@ -39,6 +40,8 @@ log = logging.getLogger("posttrain")
 
 def pretrain(args: argparse.Namespace) -> int:
     """Train a base model from random weights on the shapes domain; save it to ``--out``."""
+    if not 0 <= args.ema_decay < 1:
+        raise ConfigError(f"pretrain: --ema-decay must be in [0, 1), got {args.ema_decay}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     classes = len(shapes.CLASSES)
     unet = build_tiny_unet(args.image_size, classes, args.seed)
