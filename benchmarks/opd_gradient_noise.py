@@ -65,7 +65,7 @@ def main() -> None:
     cursor = 0
     for i in range(args.batches):
         items, cursor = tasks.take(cfg.job.seed, cursor, d.prompts_per_step)
-        prompts = encode_prompts(items, d.prompt_template, tokenizer)
+        prompts = encode_prompts(items, d, tokenizer)
         rollout = engine.generate(prompts, n=cfg.rollout.n, temperature=1.0, top_p=1.0,
                                   max_tokens=cfg.rollout.max_tokens, seed=i)  # fmt: skip
         batch = teacher.score(rollout).batch

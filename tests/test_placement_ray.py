@@ -124,6 +124,25 @@ def test_nested_builder_is_refused_before_any_actor_starts(cluster, tmp_path, ti
     assert ray.available_resources().get("CPU") == free == 2.0
 
 
+def test_roles_that_do_not_fit_the_cluster_are_refused_before_any_actor_starts(
+    cluster, tmp_path, tiny_dir
+):
+    from posttrain.config import ConfigError
+    from posttrain.entrypoints.dpo import build_trainer
+    from posttrain.placement.diffusion import place_diffusion
+
+    opts = opts_for(tmp_path, tiny_dir, **RAY, **{"placement.gpus_per_role": 1})
+    config = load_config("arithmetic", ["--", *opts])
+    with pytest.raises(ConfigError, match=r"ask for 2 GPUs .*x 2 model actors.* has 0"):
+        place_ray(config, "arithmetic", opts, build_objective, str(tmp_path / "run"))
+    # The DPO entry's single policy actor goes through the same check.
+    dpo_opts = ["placement.backend=ray", "placement.gpus_per_role=1"]
+    dpo = load_config("dpo_shapes", ["--", *dpo_opts])
+    with pytest.raises(ConfigError, match=r"ask for 1 GPUs .*x 1 model actors"):
+        place_diffusion(dpo, "dpo_shapes", dpo_opts, build_trainer, str(tmp_path / "dpo"))
+    assert ray.available_resources().get("CPU") == 2.0
+
+
 @pytest.fixture(scope="module")
 def runs(cluster, tiny_dir, tmp_path_factory):
     """Three runs of the same recipe and seed: in-process, Ray with 1 policy rank, with 2."""

@@ -47,3 +47,24 @@ def test_chat_without_a_chat_template_is_an_error():
 def test_unknown_template():
     with pytest.raises(ValueError, match=r"one of \('plain', 'chat'\)"):
         format_prompt(ITEM, "raw", None)
+
+
+def test_user_template_places_the_question_and_keeps_braces_verbatim():
+    template = "Q: {prompt} End with \\boxed{7}."
+    assert format_prompt(ITEM, "plain", None, user_template=template) == (
+        "Q: 12+7= End with \\boxed{7}."
+    )
+    text = format_prompt(ITEM, "chat", _tokenizer(CHAT), system_prompt="S", user_template=template)
+    assert text == "<|system|>S<|end|><|user|>Q: 12+7= End with \\boxed{7}.<|end|><|assistant|>"
+    # A question holding the placeholder text itself is inserted once, not expanded again.
+    odd = TaskItem("what is {prompt}?", "x", {"id": "y"})
+    assert format_prompt(odd, "plain", None, user_template="<{prompt}>") == "<what is {prompt}?>"
+
+
+@pytest.mark.parametrize("template", ["no placeholder", "{prompt} and {prompt}"])
+def test_user_template_needs_the_placeholder_once(template):
+    from posttrain.config.errors import ConfigValueError
+    from posttrain.config.sections import DataConfig
+
+    with pytest.raises(ConfigValueError, match="data.user_template.*exactly once"):
+        DataConfig(user_template=template)

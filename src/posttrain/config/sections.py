@@ -10,6 +10,13 @@ from pydantic import Field, field_validator
 
 from posttrain.config.base import Section
 
+#: The ``chat`` template's system message unless ``data.system_prompt`` says otherwise: it asks
+#: for the final answer in ``\\boxed{}``, the format the verifiers read first.
+DEFAULT_SYSTEM_PROMPT = (
+    "Solve the problem step by step. Then give the final answer, and nothing else, inside "
+    "\\boxed{}, once, at the end of your response. For example: \\boxed{42}."
+)
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -143,11 +150,13 @@ class DataConfig(Section):
         min_length=1,
         description="reasoning_gym dataset name; read only for `task=reasoning_gym`.",
     )
-    reasoning_gym_options: dict[str, int | float | str | bool] = Field(
-        default_factory=dict,
-        description="Keyword options of the reasoning_gym dataset (its difficulty knobs, e.g. "
-        "`{min_digits: 1, max_digits: 2, min_terms: 2, max_terms: 2}` for basic_arithmetic); read "
-        "only for `task=reasoning_gym`.",
+    reasoning_gym_options: dict[str, bool | int | float | str | list[bool | int | float | str]] = (
+        Field(
+            default_factory=dict,
+            description="Keyword options of the reasoning_gym dataset (its difficulty knobs, e.g. "
+            "`{min_digits: 1, max_digits: 2, min_terms: 2, max_terms: 2, operators: ['+', '-']}` "
+            "for basic_arithmetic); read only for `task=reasoning_gym`.",
+        )
     )
     digits: int = Field(
         2, ge=1, le=18, description="Digits per operand; read only for `task=arithmetic`."
@@ -171,12 +180,31 @@ class DataConfig(Section):
         description="`plain` feeds the question text as is; `chat` applies the tokenizer's "
         "chat template.",
     )
+    system_prompt: str | None = Field(
+        DEFAULT_SYSTEM_PROMPT,
+        description="System message of the `chat` template (default: asks for the final answer "
+        "in `\\boxed{}`, the format `reward.format_weight` rewards); null sends none, for chat "
+        "templates that reject the system role. Read only for `prompt_template=chat`.",
+    )
+    user_template: str = Field(
+        "{prompt}",
+        description="The text the question is placed in: `{prompt}` stands for the item's "
+        "question, everything else is sent as written (braces too, e.g. `\\boxed{7}`). The "
+        "user turn under `chat`, the whole prompt under `plain`.",
+    )
     prompt_truncation: Literal["error", "left", "right"] = Field(
         "error",
         description="A prompt longer than the model's context minus `rollout.max_tokens`: "
         "`error` refuses the run naming the row; `left` drops the start of the question text "
         "(keeps its end), `right` drops its end; truncated rows are counted in a warning.",
     )
+
+    @field_validator("user_template")
+    @classmethod
+    def _check_user_template(cls, value: str) -> str:
+        if value.count("{prompt}") != 1:
+            raise ValueError("must contain `{prompt}` (where the question goes) exactly once")
+        return value
 
     @field_validator("operators")
     @classmethod

@@ -31,31 +31,49 @@ def build_config() -> PosttrainConfig:
     cfg.data.task = "reasoning_gym"
     cfg.data.reasoning_gym_dataset = "basic_arithmetic"
     # Two one- or two-digit terms: within reach of a 135M model, so before/after is informative.
+    # Two one- or two-digit terms, + and - only, no negation or parentheses: the model's greedy
+    # arithmetic is right about a third of the time here (the last number it writes), so what
+    # it lacks at the start is the answer format, not the arithmetic.
     cfg.data.reasoning_gym_options = {
         "min_terms": 2,
         "max_terms": 2,
         "min_digits": 1,
         "max_digits": 2,
+        "operators": ["+", "-"],
+        "allow_parentheses": False,
+        "allow_negation": False,
     }
     cfg.data.train_size = 2000
     cfg.data.val_size = 100
     cfg.data.prompts_per_step = 8
     cfg.data.prompt_template = "chat"
+    # The system prompt alone never gets a box from this model (0 of 100 greedy, 1.5% sampled);
+    # the request repeated in the user turn, with an example, gets one in 27% of samples.
+    cfg.data.user_template = (
+        "{prompt} End with the answer in a box, like this: The answer is \\boxed{7}."
+    )
 
     cfg.rollout.n = 8
     cfg.rollout.temperature = 1.0
-    cfg.rollout.max_tokens = 128
+    cfg.rollout.max_tokens = 64
 
     cfg.reward.verifier = "reasoning_gym"
     cfg.reward.format_weight = 0.1
 
+    # LoRA on every linear layer: the backward skips the base weights' gradients.
+    cfg.model.lora_rank = 16
+    cfg.model.lora_alpha = 32.0
+    cfg.model.lora_target_modules = [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    ]  # fmt: skip
+
     cfg.rl.grpo_surrogate = "clipped"
     cfg.rl.temperature = 1.0
-    cfg.rl.lr = 2e-6
-    cfg.rl.mini_batch_per_replica = 2
+    cfg.rl.lr = 5e-5
+    cfg.rl.mini_batch_per_replica = 1
     cfg.rl.micro_batch_size = 16
     cfg.rl.grad_clip = 1.0
     cfg.rl.max_steps = 40
-    cfg.rl.eval_every = 20
-    cfg.rl.save_every = 20
+    cfg.rl.eval_every = 10
+    cfg.rl.save_every = 10
     return cfg

@@ -53,6 +53,18 @@ def reasoning_gym_dataset_needs_task(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@error("data.prompt_template", "data.system_prompt")
+def system_prompt_needs_chat(cfg: PosttrainConfig) -> str | None:
+    """A plain prompt has no system turn: the system message would be silently dropped."""
+    if cfg.data.prompt_template == "chat" or cfg.data.is_default("system_prompt"):
+        return None
+    return (
+        "data.system_prompt is never read by data.prompt_template=plain (no system turn); "
+        "reset with data.system_prompt=@default, put the text in data.user_template, or set "
+        "data.prompt_template=chat"
+    )
+
+
 @error("reward.verifier", "data.task")
 def reasoning_gym_verifier_needs_task(cfg: PosttrainConfig) -> str | None:
     """The reasoning_gym verifier scores with the dataset entry's own scorer."""
@@ -274,6 +286,7 @@ RULES = (
     jsonl_needs_train_path,
     data_paths_need_jsonl,
     reasoning_gym_dataset_needs_task,
+    system_prompt_needs_chat,
     arithmetic_knobs_need_task,
     arithmetic_sizes_fit,
     reasoning_gym_verifier_needs_task,

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from posttrain.config import PosttrainConfig, to_yaml
+from posttrain.config.sections import DataConfig
 from posttrain.data.tasks import TaskItem, format_prompt
 from posttrain.fileio import atomic_write_text
 
@@ -32,10 +33,20 @@ def default_out_dir(config: PosttrainConfig) -> Path:
     return Path(config.job.output_root) / config.job.algorithm / config.job.name
 
 
-def encode_prompts(items: Sequence[TaskItem], template: str, tokenizer) -> list[list[int]]:
-    texts = [format_prompt(it, template, tokenizer) for it in items]
+def encode_prompts(items: Sequence[TaskItem], data: DataConfig, tokenizer) -> list[list[int]]:
+    """Token ids of each item's prompt as the ``data`` section renders it."""
+    texts = [
+        format_prompt(
+            it,
+            data.prompt_template,
+            tokenizer,
+            system_prompt=data.system_prompt,
+            user_template=data.user_template,
+        )  # fmt: skip
+        for it in items
+    ]
     # A chat template already carries its special tokens; a plain prompt gets the tokenizer's.
-    add_special = template != "chat"
+    add_special = data.prompt_template != "chat"
     return [tokenizer(t, add_special_tokens=add_special)["input_ids"] for t in texts]
 
 

@@ -78,13 +78,13 @@ class _PromptFit:
         self.truncated: list[str] = []
 
     def length(self, item: TaskItem) -> int:
-        return len(encode_prompts([item], self.config.data.prompt_template, self.tokenizer)[0])
+        return len(encode_prompts([item], self.config.data, self.tokenizer)[0])
 
     def __call__(self, item: TaskItem) -> TaskItem:
         cap = None if self.budget is None else CHARS_PER_TOKEN_BOUND * (self.budget + 1)
         capped = cap is not None and len(item.prompt) > cap  # too long: no need to read it all
         probe = dataclasses.replace(item, prompt=item.prompt[:cap]) if capped else item
-        ids = encode_prompts([probe], self.config.data.prompt_template, self.tokenizer)[0]
+        ids = encode_prompts([probe], self.config.data, self.tokenizer)[0]
         unk = self.tokenizer.unk_token_id
         if unk is not None and unk in ids:
             raise TaskDataError(

@@ -132,7 +132,7 @@ def collect(config: PosttrainConfig, roles, tokenizer, tasks: TaskSource, cursor
 
     def generate(items: Sequence[TaskItem], rnd: int):
         t, k = time.perf_counter(), step * rounds + rnd
-        prompts = encode_prompts(items, config.data.prompt_template, tokenizer)
+        prompts = encode_prompts(items, config.data, tokenizer)
         rollout = roles.rollout.generate(
             prompts, n=n, temperature=config.rollout.temperature,
             seed=rollout_seed(config.job.seed, k), group_id_offset=k * p,
@@ -164,7 +164,7 @@ def collect(config: PosttrainConfig, roles, tokenizer, tasks: TaskSource, cursor
 
 def evaluate(config, roles, tokenizer, items: Sequence[TaskItem], run_dir: Path, step: int):
     """Greedy held-out accuracy; writes the samples of this evaluation."""
-    prompts = encode_prompts(items, config.data.prompt_template, tokenizer)
+    prompts = encode_prompts(items, config.data, tokenizer)
     rollout = roles.rollout.generate(prompts, n=1, temperature=0.0, seed=0)
     metrics, scores = roles.reward.evaluate(rollout.texts, items)
     write_samples(run_dir / "samples" / f"step_{step:06d}.jsonl", items, rollout.texts, scores)

@@ -96,8 +96,6 @@ def place_diffusion(
 
 
 def _place_ray(config, config_path, opts, build_trainer_fn, run_dir) -> RayDiffusion:
-    import os
-
     import ray
 
     from posttrain.placement.ray import (
@@ -106,25 +104,20 @@ def _place_ray(config, config_path, opts, build_trainer_fn, run_dir) -> RayDiffu
         _Actors,
         _check_serialisable,
         _check_worker_configs,
-        _connect,
+        connect,
+        host_actor,
     )
-    from posttrain.placement.ray_host import PolicyHost, worker_pythonpath
+    from posttrain.placement.ray_host import PolicyHost
 
     _check_serialisable(build_trainer_fn)
     pc = config.placement
-    owns_ray = _connect(pc.ray_address, cpus_needed=pc.cpus_per_role)
+    owns_ray = connect(pc, actors=1, model_actors=1)
     run_dir = str(Path(run_dir).resolve())
     device = "cuda" if pc.gpus_per_role > 0 else None
-    env = {"PYTHONPATH": worker_pythonpath(), "OMP_NUM_THREADS": str(pc.torch_threads_per_process)}
     actors = _Actors(checkpoints=str(Path(run_dir) / "checkpoints"))
     name = "policy rank 0"
     try:
-        actors.handles[name] = (
-            ray.remote(PolicyHost)
-            .options(num_cpus=pc.cpus_per_role, num_gpus=pc.gpus_per_role,
-                     runtime_env={"env_vars": env})
-            .remote(pc.torch_threads_per_process, os.getcwd())
-        )  # fmt: skip
+        actors.handles[name] = host_actor(pc, PolicyHost, pc.gpus_per_role)
         kwargs = {"build_trainer_fn": build_trainer_fn, "run_dir": run_dir, "device": device}
         start = actors.handles[name].start.remote(
             DiffusionPolicyRole, config_path, list(opts), kwargs

@@ -223,28 +223,19 @@ def place_ray(
     _check_serialisable(build_objective_fn)
     pc = config.placement
     ranks = pc.policy_ranks
-    owns_ray = _connect(pc.ray_address, cpus_needed=pc.cpus_per_role * (ranks + 2 + teacher))
-    _check_capacity(pc, ranks, teacher)
+    # Policy ranks, rollout, reward (and the OPD teacher); all but the reward hold a model.
+    owns_ray = connect(pc, actors=ranks + 2 + teacher, model_actors=ranks + 1 + teacher)
     run_dir = str(Path(run_dir).resolve())
     gpu = pc.gpus_per_role > 0
     device = "cuda" if gpu else None
-    env = {"PYTHONPATH": worker_pythonpath(), "OMP_NUM_THREADS": str(pc.torch_threads_per_process)}
-
-    def host(cls: type, num_gpus: float):
-        return (
-            ray.remote(cls)
-            .options(num_cpus=pc.cpus_per_role, num_gpus=num_gpus, runtime_env={"env_vars": env})
-            .remote(pc.torch_threads_per_process, os.getcwd())
-        )
-
     actors = _Actors(checkpoints=str(Path(run_dir) / "checkpoints"))
     try:
         for r in range(ranks):
-            actors.handles[f"policy rank {r}"] = host(PolicyHost, pc.gpus_per_role)
-        actors.handles["rollout"] = host(RolloutHost, pc.gpus_per_role)
-        actors.handles["reward"] = host(RewardHost, 0.0)
+            actors.handles[f"policy rank {r}"] = host_actor(pc, PolicyHost, pc.gpus_per_role)
+        actors.handles["rollout"] = host_actor(pc, RolloutHost, pc.gpus_per_role)
+        actors.handles["reward"] = host_actor(pc, RewardHost, 0.0)
         if teacher:
-            actors.handles["teacher"] = host(TeacherHost, pc.gpus_per_role)
+            actors.handles["teacher"] = host_actor(pc, TeacherHost, pc.gpus_per_role)
         starts = _start_roles(actors, config_path, list(opts), build_objective_fn, run_dir,
                               ranks, device, "nccl" if gpu else "gloo")  # fmt: skip
         configs = dict(zip(actors.handles, actors.gather(starts, START_TIMEOUT_S), strict=True))
@@ -300,6 +291,30 @@ def _check_serialisable(fn: ObjectiveBuilder) -> None:
         ) from None
 
 
+def connect(pc, actors: int, model_actors: int) -> bool:
+    """Join or start Ray (see :func:`_connect`) and check it has room for ``actors`` actors,
+    ``model_actors`` of which take ``placement.gpus_per_role`` GPUs."""
+    owns_ray = _connect(pc.ray_address, cpus_needed=pc.cpus_per_role * actors)
+    try:
+        _check_capacity(pc, actors, model_actors)
+    except BaseException:
+        if owns_ray:
+            ray.shutdown()
+        raise
+    return owns_ray
+
+
+def host_actor(pc, cls: type, num_gpus: float):
+    """A Ray actor hosting ``cls`` (a ``ray_host`` class): ``placement.cpus_per_role`` CPUs,
+    one torch thread count, this working directory and import path."""
+    env = {"PYTHONPATH": worker_pythonpath(), "OMP_NUM_THREADS": str(pc.torch_threads_per_process)}
+    return (
+        ray.remote(cls)
+        .options(num_cpus=pc.cpus_per_role, num_gpus=num_gpus, runtime_env={"env_vars": env})
+        .remote(pc.torch_threads_per_process, os.getcwd())
+    )
+
+
 def _connect(address: str, cpus_needed: float) -> bool:
     """Join ``address`` or start a local instance; True when this call connected (and so
     disconnects at the end: a joined cluster keeps running, a started instance stops)."""
@@ -315,10 +330,9 @@ def _connect(address: str, cpus_needed: float) -> bool:
     return True
 
 
-def _check_capacity(pc, ranks: int, teacher: bool = False) -> None:
-    """Room for every actor: policy ranks, rollout, reward (and the OPD teacher, a model actor)."""
+def _check_capacity(pc, actors: int, model_actors: int) -> None:
+    """Room for every actor: each takes the role's CPUs, each model actor its GPUs."""
     total = ray.cluster_resources()
-    actors, model_actors = ranks + 2 + teacher, ranks + 1 + teacher
     cpus = pc.cpus_per_role * actors
     gpus = pc.gpus_per_role * model_actors
     if cpus > total.get("CPU", 0.0) + 1e-9:

@@ -10,15 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from posttrain.config.sections import DEFAULT_SYSTEM_PROMPT
 from posttrain.data.tasks.base import TaskItem
 
 PromptTemplate = Literal["plain", "chat"]
 TEMPLATES: tuple[str, ...] = ("plain", "chat")
-
-DEFAULT_SYSTEM_PROMPT = (
-    "Solve the problem step by step. Then give the final answer, and nothing else, inside "
-    "\\boxed{}, once, at the end of your response. For example: \\boxed{42}."
-)
 
 
 def format_prompt(
@@ -27,15 +23,20 @@ def format_prompt(
     tokenizer: Any = None,
     *,
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
+    user_template: str = "{prompt}",
 ) -> str:
     """The prompt text for ``item`` under ``template``.
+
+    ``user_template`` places the question: its ``{prompt}`` is replaced by ``item.prompt`` and
+    the rest is kept verbatim (no ``str.format``, so a ``\\boxed{7}`` in it stays as written).
 
     For ``chat`` the tokenizer must carry a chat template; the result ends with the
     generation prompt (``add_generation_prompt=True``), so the policy starts the assistant turn.
     ``system_prompt=None`` sends no system message (for templates that reject the system role).
     """
+    question = user_template.replace("{prompt}", item.prompt, 1)
     if template == "plain":
-        return item.prompt
+        return question
     if template != "chat":
         raise ValueError(f"prompt template must be one of {TEMPLATES}, got {template!r}")
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
@@ -43,7 +44,7 @@ def format_prompt(
             "prompt template 'chat' needs a tokenizer that has a chat template "
             "(tokenizer.chat_template is empty); use template 'plain' for models without one"
         )
-    messages = [{"role": "user", "content": item.prompt}]
+    messages = [{"role": "user", "content": question}]
     if system_prompt is not None:
         messages.insert(0, {"role": "system", "content": system_prompt})
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
