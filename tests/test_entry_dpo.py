@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from posttrain.config import load_config
+from posttrain.config import ConfigError, load_config
 from posttrain.entrypoints import dpo, dpo_tools
 from posttrain.entrypoints.cli import main as cli_main
 from posttrain.model.diffusion import build_tiny_unet, new_scheduler, save_pipeline
+
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +29,8 @@ def base(tmp_path_factory):
     root = tmp_path_factory.mktemp("dpo")
     save_pipeline(root / "base", build_tiny_unet(8, 3, seed=0, channels=(8, 16)), new_scheduler(50))
     args = argparse.Namespace(model=str(root / "base"), out=str(root / "pairs"), pairs_per_class=2,
-                              candidates=3, target_color="red", sample_steps=2, seed=1,
-                              valid_only=False)  # fmt: skip
+                              candidates=3, target_color="red", sample_steps=2, eta=1.0,
+                              seed=1, valid_only=False)  # fmt: skip
     assert dpo_tools.make_pairs(args) == 0
     return root
 
@@ -56,7 +63,11 @@ def train(opts: list[str]) -> dict:
 
 
 def rows(summary: dict) -> dict[int, dict]:
-    text = (Path(summary["run_dir"]) / "metrics.jsonl").read_text()
+    return rows_in(Path(summary["run_dir"]))
+
+
+def rows_in(run_dir: Path) -> dict[int, dict]:
+    text = (run_dir / "metrics.jsonl").read_text()
     return {r["step"]: r for r in map(json.loads, text.splitlines())}
 
 
@@ -126,10 +137,12 @@ def test_pretrain_tool_writes_a_loadable_pipeline(tmp_path):
     from posttrain.model.diffusion import load_pipeline
 
     args = argparse.Namespace(out=str(tmp_path / "m"), steps=2, batch_size=4, lr=1e-3,
-                              image_size=8, seed=0)  # fmt: skip
+                              image_size=8, ema_decay=0.995, seed=0)  # fmt: skip
     assert dpo_tools.pretrain(args) == 0
     unet, scheduler = load_pipeline(tmp_path / "m")
     assert unet.config.num_class_embeds == 3 and unet.config.sample_size == 8
+    with pytest.raises(ConfigError, match="--ema-decay must be in"):
+        dpo_tools.pretrain(argparse.Namespace(**{**vars(args), "ema_decay": 1.0}))
 
 
 def test_ray_placement_matches_local(base):
@@ -149,3 +162,58 @@ def test_ray_placement_matches_local(base):
     assert a[2]["val/scorer_mean"] == b[2]["val/scorer_mean"]
     wa, wb = weights(local, 2), weights(remote, 2)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def launch_cli(opts: list[str]) -> subprocess.Popen:
+    """``posttrain dpo`` in a child process, on this checkout's sources."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    command = [sys.executable, "-m", "posttrain.entrypoints.dpo", "--config", "dpo_shapes", "--"]
+    return subprocess.Popen(
+        [*command, *opts], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_kill_9_then_resume_is_bit_exact(base):
+    """SIGKILL the entry once a checkpoint exists (it is saving every other step, so the kill
+    may land mid-save), resume it, and get the uninterrupted run's weights, optimizer state and
+    metrics bit for bit. (The processes' python and numpy RNG states differ and are not
+    compared: the entry draws every number from its own seeded generators.)"""
+    from test_checkpoint_resume_kill import assert_same_tree
+
+    steps = {"rl.max_steps": 20, "rl.eval_every": 10, "rl.lr_schedule": "cosine",
+             "rl.warmup_steps": 3, "checkpoint.keep_last": 2}  # fmt: skip
+    straight = launch_cli(opts_for(base, "k_straight", **steps))
+    killed = launch_cli(opts_for(base, "k_killed", **steps))
+    run_dir = base / "out" / "dpo" / "k_killed"
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "step_00000002" / "COMPLETE").exists():
+        assert killed.poll() is None, killed.communicate()[1]
+        assert time.monotonic() < deadline, "the run never saved step 2"
+        time.sleep(0.005)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.communicate()
+    assert killed.returncode == -signal.SIGKILL
+    final = Path("checkpoints") / "step_00000020"
+    assert not (run_dir / final / "COMPLETE").exists(), "the run ended before the kill"
+    resumed = launch_cli(opts_for(base, "k_killed", **steps))
+    for proc in (straight, resumed):
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+
+    a, b = rows_in(base / "out" / "dpo" / "k_straight"), rows_in(run_dir)
+    assert sorted(a) == sorted(b) == list(range(21))
+    for row in (*a.values(), *b.values()):
+        row.pop("time/step_s", None)
+    assert a == b  # every loss, DPO metric and evaluation
+    for name in ("model/diffusion_pytorch_model.safetensors", "trainer.pt"):
+        read = load_file if name.endswith(".safetensors") else _load_pt
+        assert_same_tree(
+            read(base / "out" / "dpo" / "k_straight" / final / name),
+            read(run_dir / final / name),
+            name,
+        )
+
+
+def _load_pt(path: Path):
+    return torch.load(path, weights_only=True)

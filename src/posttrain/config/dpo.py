@@ -62,7 +62,15 @@ class DPOConfig(Section):
         description="Fresh samples per class at each evaluation, from fixed seeds (the same "
         "starting noise at every evaluation and in every run).",
     )
-    sample_steps: int = Field(25, ge=1, description="DDIM steps (eta 0) per evaluation sample.")
+    sample_steps: int = Field(25, ge=1, description="DDIM steps per evaluation sample.")
+    sample_eta: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="DDIM eta of evaluation sampling: 0 is deterministic given the starting "
+        "noise, 1 adds the DDPM posterior's noise at each step (seeded per sample). A small base "
+        "model leaves a faint haze in the background at eta 0 that eta 1 removes.",
+    )
     target_color: TargetColor = Field(
         "red",
         description="The preference the built-in scorer measures at evaluation: a shape of "

@@ -41,7 +41,7 @@ def dpo_reads_no_online_knobs(cfg: PosttrainConfig) -> str | None:
 
 
 @error("job.algorithm", "dpo.loss", "dpo.beta", "dpo.min_timestep", "dpo.pairs_path", "dpo.pairs_per_step",
-       "dpo.eval_samples_per_class", "dpo.sample_steps", "dpo.target_color")  # fmt: skip
+       "dpo.eval_samples_per_class", "dpo.sample_steps", "dpo.sample_eta", "dpo.target_color")  # fmt: skip
 def dpo_knobs_without_dpo(cfg: PosttrainConfig) -> str | None:
     """The dpo section is read only by the DPO entry (job.algorithm starting with dpo)."""
     if objective_family(cfg) == "dpo":

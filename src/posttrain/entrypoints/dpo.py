@@ -130,7 +130,9 @@ def evaluate(config: PosttrainConfig, policy, classes: int, run_dir: Path, step:
     n = d.eval_samples_per_class
     labels = torch.arange(classes).repeat_interleave(n)
     images = shapes.from_tensor(
-        policy.sample(labels, [EVAL_SEED + i for i in range(len(labels))], d.sample_steps)
+        policy.sample(
+            labels, [EVAL_SEED + i for i in range(len(labels))], d.sample_steps, d.sample_eta
+        )
     )
     write_grid(run_dir / "samples" / f"step_{step:06d}.png", images, columns=n)
     metrics = shapes.evaluate_images(images, labels.numpy(), d.target_color)

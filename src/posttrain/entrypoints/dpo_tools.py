@@ -1,8 +1,8 @@
 """``posttrain dpo pretrain`` and ``posttrain dpo make-pairs``: the base model and the pairs.
 
 pretrain: a tiny class-conditional UNet trained with the plain denoising loss, through the same
-trainer, on fresh images of the built-in shapes domain at every step; saved as a diffusers
-DDPMPipeline folder.
+trainer, on fresh images of the built-in shapes domain at every step; the exponential moving
+average of its weights is saved as a diffusers DDPMPipeline folder.
 
 make-pairs: sample groups of ``--candidates`` images per class from a model folder (seeded),
 score each with the built-in preference scorer (target colour, centring), and keep the best and
@@ -12,6 +12,7 @@ the worst of each group as (chosen, rejected); writes PNGs and a pairs manifest.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from posttrain.algorithm.dpo import make_denoising_objective
+from posttrain.config import ConfigError
 from posttrain.data import shapes
 from posttrain.data.images import ImageBatch, step_seeds
 from posttrain.data.pairs import PairDataError, write_grid, write_pairs
@@ -38,10 +40,13 @@ log = logging.getLogger("posttrain")
 
 def pretrain(args: argparse.Namespace) -> int:
     """Train a base model from random weights on the shapes domain; save it to ``--out``."""
+    if not 0 <= args.ema_decay < 1:
+        raise ConfigError(f"pretrain: --ema-decay must be in [0, 1), got {args.ema_decay}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     classes = len(shapes.CLASSES)
     unet = build_tiny_unet(args.image_size, classes, args.seed)
     scheduler = new_scheduler()
+    ema = copy.deepcopy(unet).requires_grad_(False)
     trainer = Trainer(
         unet, make_denoising_objective(alphas_cumprod=alphas_cumprod(scheduler)), lr=args.lr,
         micro_batch_size=args.batch_size, grad_clip=1.0, lr_schedule="cosine",
@@ -58,13 +63,28 @@ def pretrain(args: argparse.Namespace) -> int:
             step_seeds(args.seed, step, args.batch_size),
         )
         metrics = trainer.step(batch)
+        update_ema(ema, trainer.model, min(args.ema_decay, (1 + step) / (10 + step)))
         if step % 100 == 0 or step == args.steps:
             log.info("pretrain step %d/%d loss %.4f (%.0f s)", step, args.steps,
                      metrics["train/loss"], time.perf_counter() - began)  # fmt: skip
     out = Path(args.out)
-    save_pipeline(out, unet, scheduler)
+    save_pipeline(out, ema, scheduler)
     print(f"base model: {out} ({args.steps} steps in {time.perf_counter() - began:.0f} s)")
     return 0
+
+
+@torch.no_grad()
+def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
+    """ema <- decay·ema + (1 - decay)·model, parameters and buffers alike.
+
+    The average is what gets saved: the last iterates of a short run still carry the noise of
+    their own batches, and their samples a faint haze that fine-tuning on them amplifies.
+    """
+    for e, p in zip(ema.state_dict().values(), model.state_dict().values(), strict=True):
+        if e.is_floating_point():
+            e.lerp_(p.to(e.device), 1 - decay)
+        else:
+            e.copy_(p)
 
 
 def make_pairs(args: argparse.Namespace) -> int:
@@ -80,7 +100,7 @@ def make_pairs(args: argparse.Namespace) -> int:
     k, groups = args.candidates, args.pairs_per_class
     labels = torch.arange(classes).repeat_interleave(groups * k)
     seeds = [args.seed * 1_000_003 + i for i in range(len(labels))]
-    images = sample(unet, scheduler, labels, seeds, args.sample_steps)
+    images = sample(unet, scheduler, labels, seeds, args.sample_steps, args.eta)
     pixels = shapes.from_tensor(images)
     scores = torch.tensor([shapes.preference_score(p, args.target_color) for p in pixels])
     valid = torch.tensor([shapes.is_valid(p, int(c)) for p, c in zip(pixels, labels, strict=True)])

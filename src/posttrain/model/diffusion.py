@@ -5,8 +5,9 @@ A model folder is what ``DDPMPipeline.save_pretrained`` writes: ``model_index.js
 diffusion_pytorch_model.safetensors) and ``scheduler/`` (the DDPM training schedule). Bring your
 own by saving such a pipeline; nothing is downloaded.
 
-Sampling uses DDIM with eta = 0 from per-sample seeded starting noise, so a fixed list of seeds
-gives the same images for the same weights however many samples are drawn together.
+Sampling uses DDIM (eta from 0, deterministic, to 1, DDPM-like) with per-sample seeded noise, so
+a fixed list of seeds gives the same images for the same weights however many samples are drawn
+together (up to the rounding of batched kernels).
 """
 
 from __future__ import annotations
@@ -100,9 +101,23 @@ def alphas_cumprod(scheduler) -> Tensor:
 
 @torch.no_grad()
 def sample(
-    unet: nn.Module, scheduler, labels: Tensor, seeds: Sequence[int], steps: int, batch: int = 64
+    unet: nn.Module,
+    scheduler,
+    labels: Tensor,
+    seeds: Sequence[int],
+    steps: int,
+    eta: float = 0.0,
+    batch: int = 64,
 ) -> Tensor:
-    """Images ``[N, 3, H, W]`` in [-1, 1] for class ``labels[i]`` from starting-noise ``seeds[i]``."""
+    """Images ``[N, 3, H, W]`` in [-1, 1] for class ``labels[i]`` from seed ``seeds[i]``.
+
+    DDIM with ``eta`` (0: deterministic; 1: the DDPM posterior's variance at each step). Sample
+    i draws its starting noise and then each step's noise from its own generator seeded with
+    ``seeds[i]``, so a sample does not depend on which others are drawn with it (up to the
+    rounding of batched kernels; the same seeds and batch give the same bits).
+    """
+    if not 0.0 <= eta <= 1.0:
+        raise ValueError(f"eta must be in [0, 1], got {eta}")
     d = _diffusers()
     ddim = d.DDIMScheduler.from_config(scheduler.config)
     ddim.set_timesteps(steps)
@@ -113,18 +128,19 @@ def sample(
     out = []
     try:
         for start in range(0, len(seeds), batch):
-            idx = slice(start, start + batch)
-            x = torch.stack(
-                [
-                    torch.randn(3, size, size, generator=torch.Generator().manual_seed(int(s)))
-                    for s in seeds[idx]
-                ]
-            ).to(device)
-            y = labels[idx].to(device)
+            gens = [torch.Generator().manual_seed(int(s)) for s in seeds[start : start + batch]]
+            y = labels[start : start + batch].to(device)
+            x = _noise(gens, size).to(device)
             for t in ddim.timesteps:
                 eps = unet(x, t.to(device), class_labels=y).sample
-                x = ddim.step(eps, t, x, eta=0.0).prev_sample
+                extra = {"variance_noise": _noise(gens, size).to(device)} if eta > 0 else {}
+                x = ddim.step(eps, t, x, eta=eta, **extra).prev_sample
             out.append(x.clamp(-1, 1).cpu())
     finally:
         unet.train(was_training)
     return torch.cat(out)
+
+
+def _noise(generators: Sequence[torch.Generator], size: int) -> Tensor:
+    """One ``[3, size, size]`` standard normal draw from each sample's own generator."""
+    return torch.stack([torch.randn(3, size, size, generator=g) for g in generators])

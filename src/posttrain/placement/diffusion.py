@@ -54,8 +54,8 @@ class DiffusionPolicyRole:
         )
         return str(path)
 
-    def sample(self, labels: Tensor, seeds: Sequence[int], steps: int) -> Tensor:
-        return sample(self.model, self.scheduler, labels, seeds, steps)
+    def sample(self, labels: Tensor, seeds: Sequence[int], steps: int, eta: float) -> Tensor:
+        return sample(self.model, self.scheduler, labels, seeds, steps, eta)
 
 
 class LocalDiffusion:
