@@ -57,7 +57,10 @@ def build_config() -> PosttrainConfig:
     cfg.rollout.temperature = 1.0
     cfg.rollout.max_tokens = 64
 
-    cfg.reward.verifier = "reasoning_gym"
+    # Exact match, not reasoning-gym's own scorer: that one pays partial credit
+    # len(answer)/len(response) whenever the answer is a substring of the response, and a policy
+    # trained on it learnt to box two-digit numbers (answer 1 -> \\boxed{11} scores 0.5).
+    cfg.reward.verifier = "exact"
     cfg.reward.format_weight = 0.1
 
     # LoRA on every linear layer: the backward skips the base weights' gradients.
