@@ -10,8 +10,10 @@ first step and after the last, and prints both::
 
     posttrain grpo --config smollm2_reasoning_gym
 
-Problems are generated offline by reasoning-gym and scored by its own scorer; the chat template's
-system prompt asks for the answer in ``\\boxed{}``, which the format reward rewards.
+Problems are generated offline by reasoning-gym and scored by exact match of the boxed answer
+(the recipe's comments say why not reasoning-gym's own scorer); the system prompt and the user
+turn ask for the answer in ``\\boxed{}``, which the format reward rewards. What it measured, and
+what did not work on the way: ``docs/guides/smollm2.md``.
 """
 
 from __future__ import annotations
@@ -47,11 +49,11 @@ def build_config() -> PosttrainConfig:
     cfg.data.val_size = 100
     cfg.data.prompts_per_step = 8
     cfg.data.prompt_template = "chat"
-    # The system prompt alone never gets a box from this model (0 of 100 greedy, 1.5% sampled);
-    # the request repeated in the user turn, with an example, gets one in 27% of samples.
-    cfg.data.user_template = (
-        "{prompt} End with the answer in a box, like this: The answer is \\boxed{7}."
-    )
+    # The system prompt alone never gets a box from this model (0 of 100 greedy, 1.5% sampled).
+    # The request repeated in the user turn gets one in about a quarter of the samples; its
+    # example is a worked sum, because an example answer alone (``\\boxed{7}``) was copied
+    # verbatim: the policy collapsed onto boxing 7 for every problem (docs/guides/smollm2.md).
+    cfg.data.user_template = "{prompt} End with the result in a box, like this: 2 + 3 = \\boxed{5}"
 
     cfg.rollout.n = 8
     cfg.rollout.temperature = 1.0
@@ -76,7 +78,7 @@ def build_config() -> PosttrainConfig:
     cfg.rl.mini_batch_per_replica = 1
     cfg.rl.micro_batch_size = 16
     cfg.rl.grad_clip = 1.0
-    cfg.rl.max_steps = 40
+    cfg.rl.max_steps = 30
     cfg.rl.eval_every = 10
     cfg.rl.save_every = 10
     return cfg
