@@ -75,11 +75,9 @@ class RayDiffusion:
         self.actors, self.policy, self.owns_ray = actors, policy, owns_ray
 
     def close(self) -> None:
-        import ray
+        from posttrain.placement.ray import release
 
-        self.actors.close()
-        if self.owns_ray:
-            ray.shutdown()
+        release(self.actors, self.owns_ray)
 
 
 def place_diffusion(
@@ -96,8 +94,6 @@ def place_diffusion(
 
 
 def _place_ray(config, config_path, opts, build_trainer_fn, run_dir) -> RayDiffusion:
-    import ray
-
     from posttrain.placement.ray import (
         START_TIMEOUT_S,
         RemoteRole,
@@ -106,6 +102,7 @@ def _place_ray(config, config_path, opts, build_trainer_fn, run_dir) -> RayDiffu
         _check_worker_configs,
         connect,
         host_actor,
+        release,
     )
     from posttrain.placement.ray_host import PolicyHost
 
@@ -125,8 +122,6 @@ def _place_ray(config, config_path, opts, build_trainer_fn, run_dir) -> RayDiffu
         resolved = actors.gather([(name, start)], START_TIMEOUT_S)[0]
         _check_worker_configs(to_dict(config), {name: resolved})
     except BaseException:
-        actors.close()
-        if owns_ray:
-            ray.shutdown()
+        release(actors, owns_ray)
         raise
     return RayDiffusion(actors, RemoteRole(actors, name), owns_ray)

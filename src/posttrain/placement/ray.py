@@ -205,9 +205,7 @@ class RayRoles:
         return a.gather([("rollout", a.handles["rollout"].call.remote("sync", meta["ref"][0]))])[0]
 
     def close(self) -> None:
-        self.actors.close()
-        if self.owns_ray:
-            ray.shutdown()
+        release(self.actors, self.owns_ray)
 
 
 def place_ray(
@@ -241,9 +239,7 @@ def place_ray(
         configs = dict(zip(actors.handles, actors.gather(starts, START_TIMEOUT_S), strict=True))
         _check_worker_configs(to_dict(config), configs)
     except BaseException:
-        actors.close()
-        if owns_ray:
-            ray.shutdown()
+        release(actors, owns_ray)
         raise
     return RayRoles(
         policy=RayPolicy(actors, ranks, config.rl.mini_batch_per_replica),
@@ -302,6 +298,13 @@ def connect(pc, actors: int, model_actors: int) -> bool:
             ray.shutdown()
         raise
     return owns_ray
+
+
+def release(actors: _Actors, owns_ray: bool) -> None:
+    """End the actors, then Ray itself when this process connected it (see :func:`_connect`)."""
+    actors.close()
+    if owns_ray:
+        ray.shutdown()
 
 
 def host_actor(pc, cls: type, num_gpus: float):
