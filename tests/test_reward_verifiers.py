@@ -1,4 +1,4 @@
-"""Answer extraction, the format check, and the exact / math verifiers."""
+"""Answer extraction, the format check, and the exact / math / last-number verifiers."""
 
 from __future__ import annotations
 
@@ -54,6 +54,36 @@ def test_exact_verifier():
     assert v("4", item) == 0.0
     assert v("", item) == 0.0
     assert v("I think \\boxed{-4}", item) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("completion", "score"),
+    [
+        ("To calculate 4 - 7, subtract: 4 - 7 = -3.", 1.0),  # prose: the last number
+        ("-3", 1.0),
+        (
+            "4 - 7 = -3, so the answer is 3.",
+            0.0,
+        ),  # the last number decides, not the first right one
+        ("The final answer is 4 - 7 = 3.", 0.0),  # restating the question earns nothing
+        ("The final answer is 4 - 7.", 0.0),
+        ("4 - 7 = -3.0", 0.0),  # compared as written, like `exact`
+        ("-3 first, then \\boxed{3}", 0.0),  # a marked answer wins over prose
+        ("4 - 7 = \\boxed{-3}", 1.0),
+        ("no numbers here", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_last_number_verifier(completion, score):
+    assert get_verifier("last_number")(completion, TaskItem("q", "-3", {"id": "a"})) == score
+
+
+def test_math_verifier_reads_a_restated_question_as_the_answer():
+    """Why ``last_number`` exists: math-verify's "final answer is" anchor takes the expression."""
+    pytest.importorskip("math_verify")
+    item = TaskItem("Calculate 88 + 94.", "182", {"id": "a"})
+    assert get_verifier("math")("So, the final answer is 88 + 94 = 172.", item) == 1.0
+    assert get_verifier("last_number")("So, the final answer is 88 + 94 = 172.", item) == 0.0
 
 
 def test_unknown_verifier():

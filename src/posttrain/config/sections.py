@@ -261,10 +261,11 @@ class RewardConfig(Section):
 
     section_name = "reward"
 
-    verifier: Literal["exact", "math", "reasoning_gym"] = Field(
+    verifier: Literal["exact", "math", "last_number", "reasoning_gym"] = Field(
         "exact",
         description="Answer check: `exact` compares the extracted answer with the gold string, "
-        "`math` compares by value with math-verify, `reasoning_gym` asks the task's own "
+        "`math` compares by value with math-verify, `last_number` takes the marked answer or else "
+        "the last number written (for answers stated in prose), `reasoning_gym` asks the task's own "
         "reasoning-gym scorer (needs `data.task=reasoning_gym`).",
     )
     format_weight: float = Field(

@@ -10,10 +10,12 @@ first step and after the last, and prints both::
 
     posttrain grpo --config smollm2_reasoning_gym
 
-Problems are generated offline by reasoning-gym and scored by exact match of the boxed answer
-(the recipe's comments say why not reasoning-gym's own scorer); the system prompt and the user
-turn ask for the answer in ``\\boxed{}``, which the format reward rewards. What it measured, and
-what did not work on the way: ``docs/guides/smollm2.md``.
+The model answers in prose (``To calculate 88 + 94, ... 88 + 94 equals 176.``) and never in
+the ``\\boxed{}`` the system prompt asks for, so the recipe scores the last number it writes
+(``reward.verifier=last_number``; a box, when there is one, wins). What GRPO teaches it here is
+to answer tersely (``88 + 94 = 182.``) and more often right. What it measured, and what did not
+work on the way (format rewards for the box; math-verify's reading of prose, which the policy
+gamed): ``docs/guides/smollm2.md``.
 """
 
 from __future__ import annotations
@@ -32,10 +34,8 @@ def build_config() -> PosttrainConfig:
 
     cfg.data.task = "reasoning_gym"
     cfg.data.reasoning_gym_dataset = "basic_arithmetic"
-    # Two one- or two-digit terms: within reach of a 135M model, so before/after is informative.
-    # Two one- or two-digit terms, + and - only, no negation or parentheses: the model's greedy
-    # arithmetic is right about a third of the time here (the last number it writes), so what
-    # it lacks at the start is the answer format, not the arithmetic.
+    # Two one- or two-digit terms, + and - only, no negation or parentheses: within reach of a
+    # 135M model (greedy, the last number it writes is right on 31 of the 100 held-out problems).
     cfg.data.reasoning_gym_options = {
         "min_terms": 2,
         "max_terms": 2,
@@ -49,21 +49,22 @@ def build_config() -> PosttrainConfig:
     cfg.data.val_size = 100
     cfg.data.prompts_per_step = 8
     cfg.data.prompt_template = "chat"
-    # The system prompt alone never gets a box from this model (0 of 100 greedy, 1.5% sampled).
-    # The request repeated in the user turn gets one in about a quarter of the samples; its
-    # example is a worked sum, because an example answer alone (``\\boxed{7}``) was copied
-    # verbatim: the policy collapsed onto boxing 7 for every problem (docs/guides/smollm2.md).
-    cfg.data.user_template = "{prompt} End with the result in a box, like this: 2 + 3 = \\boxed{5}"
+    # The default system prompt asks for a \\boxed{} answer; this model boxes in under 1% of
+    # samples, and the boxes it writes hold copied numbers (an example's, an operand), right in
+    # 0-5% of them against about 25% for the last number of its prose. Format credit for the box
+    # taught the policy to box a copied constant; so the recipe reads the prose instead.
 
     cfg.rollout.n = 8
-    cfg.rollout.temperature = 1.0
+    # Temperature 0.6, not 1: at 1 this model's samples are mostly noise (the last number is
+    # right in 4-12% of them, against 20-28% at 0.6 and 31% greedy).
+    cfg.rollout.temperature = 0.6
     cfg.rollout.max_tokens = 64
 
-    # Exact match, not reasoning-gym's own scorer: that one pays partial credit
-    # len(answer)/len(response) whenever the answer is a substring of the response, and a policy
-    # trained on it learnt to box two-digit numbers (answer 1 -> \\boxed{11} scores 0.5).
-    cfg.reward.verifier = "exact"
-    cfg.reward.format_weight = 0.1
+    # The last number written, compared with the gold answer as a string. Not `math`: its
+    # math-verify reading of prose takes what follows "the final answer is", and the policy
+    # learnt to end with "The final answer is 88 + 94 = 172." (read as 88 + 94, so "right").
+    # Not `reasoning_gym`: its scorer pays partial credit for a substring of the answer.
+    cfg.reward.verifier = "last_number"
 
     # LoRA on every linear layer: the backward skips the base weights' gradients.
     cfg.model.lora_rank = 16
@@ -73,7 +74,7 @@ def build_config() -> PosttrainConfig:
     ]  # fmt: skip
 
     cfg.rl.grpo_surrogate = "clipped"
-    cfg.rl.temperature = 1.0
+    cfg.rl.temperature = 0.6
     cfg.rl.lr = 2e-4
     cfg.rl.mini_batch_per_replica = 1
     cfg.rl.micro_batch_size = 16

@@ -15,6 +15,7 @@ import re
 
 _BOXED = "\\boxed{"
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def boxed_contents(text: str) -> tuple[list[str], int]:
@@ -59,6 +60,12 @@ def extract_answer(completion: str) -> str:
     """The completion's final answer text, stripped (see the module docstring for the order)."""
     marked = marked_answer(completion)
     return marked if marked is not None else completion.split("\n", 1)[0].strip()
+
+
+def last_number(text: str) -> str | None:
+    """The last integer or decimal written in ``text`` (sign kept), or None if there is none."""
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
 
 
 def follows_format(completion: str) -> bool:

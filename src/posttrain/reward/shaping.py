@@ -7,7 +7,7 @@ answer so the exact verifier alone decides the top of the scale.
 
 from __future__ import annotations
 
-from posttrain.reward.extract import extract_answer
+from posttrain.reward.extract import extract_answer, last_number, marked_answer
 
 
 def numeric_closeness(prompt: str, completion: str, answer: str, meta: dict) -> float:
@@ -24,3 +24,22 @@ def numeric_closeness(prompt: str, completion: str, answer: str, meta: dict) -> 
     except ValueError:
         return 0.0
     return 0.1 + 0.2 * max(0.0, 1.0 - abs(value - gold) / 10.0)
+
+
+#: What :func:`unmarked_answer_credit` pays: half of what a right, boxed answer earns.
+UNMARKED_CREDIT = 0.5
+
+
+def unmarked_answer_credit(prompt: str, completion: str, answer: str, meta: dict) -> float:
+    """0.5 when the completion marks no answer but the last number it writes is the right one.
+
+    The format as a multiplier of correctness: a right answer in the asked-for box earns 1 (from
+    the verifier), a right answer stated in prose earns half, and anything wrong earns nothing,
+    boxed or not. A flat format credit instead pays any box, and a weak policy that rarely
+    computes the answer collapses onto boxing whatever is easiest to copy (an example in the
+    prompt, an operand). Returns 0 when the verifier already scores the completion (its first
+    line is the answer), so nothing is paid twice.
+    """
+    if marked_answer(completion) is not None or extract_answer(completion) == answer.strip():
+        return 0.0
+    return UNMARKED_CREDIT if last_number(completion) == answer.strip() else 0.0

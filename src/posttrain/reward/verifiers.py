@@ -6,6 +6,11 @@
   ``\\frac{1}{2}`` and ``1,234`` / ``1234`` are judged by value. The prediction is the last
   ``\\boxed{}`` / ``<answer>`` / ``#### N`` answer when the completion has one, else the whole
   completion (math-verify then finds the answer itself).
+- ``last_number``: the marked answer when there is one, else the last number the completion
+  writes, equal to the gold answer as a string (lm-eval's "flexible extract" for GSM8K). For
+  a policy that states its answer in prose: ``math`` reads prose through math-verify's anchors,
+  and a policy trained on it learnt to end with ``The final answer is 88 + 94 = 172.``, which
+  math-verify reads as the expression ``88 + 94`` and so scores right.
 - ``reasoning_gym``: the dataset's own ``score_answer`` on the extracted answer (it may give
   partial credit below 1); needs items from the reasoning_gym task source.
 """
@@ -20,9 +25,9 @@ from typing import Any, Literal
 
 from posttrain.data.tasks.base import TaskItem
 from posttrain.data.tasks.reasoning_gym import import_reasoning_gym
-from posttrain.reward.extract import extract_answer, marked_answer
+from posttrain.reward.extract import extract_answer, last_number, marked_answer
 
-VerifierName = Literal["exact", "math", "reasoning_gym"]
+VerifierName = Literal["exact", "math", "last_number", "reasoning_gym"]
 VerifierFn = Callable[[str, TaskItem], float]
 
 # math-verify bounds its sympy work with signal.alarm, which only the main thread may use.
@@ -31,6 +36,12 @@ _MATH_TIMEOUT_S = 5
 
 def exact_match(completion: str, item: TaskItem) -> float:
     return 1.0 if extract_answer(completion) == item.answer.strip() else 0.0
+
+
+def last_number_match(completion: str, item: TaskItem) -> float:
+    marked = marked_answer(completion)
+    pred = marked if marked is not None else last_number(completion)
+    return 1.0 if pred == item.answer.strip() else 0.0
 
 
 def math_match(completion: str, item: TaskItem) -> float:
@@ -66,6 +77,7 @@ def reasoning_gym_score(completion: str, item: TaskItem) -> float:
 VERIFIERS: dict[str, VerifierFn] = {
     "exact": exact_match,
     "math": math_match,
+    "last_number": last_number_match,
     "reasoning_gym": reasoning_gym_score,
 }
 
