@@ -70,12 +70,27 @@ def test_exact_verifier():
         ("4 - 7 = -3.0", 0.0),  # compared as written, like `exact`
         ("-3 first, then \\boxed{3}", 0.0),  # a marked answer wins over prose
         ("4 - 7 = \\boxed{-3}", 1.0),
+        ("4-7=-3", 1.0),
         ("no numbers here", 0.0),
         ("", 0.0),
     ],
 )
 def test_last_number_verifier(completion, score):
     assert get_verifier("last_number")(completion, TaskItem("q", "-3", {"id": "a"})) == score
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold", "score"),
+    [
+        ("The total is 1,234.", "1234", 1.0),  # thousands commas dropped
+        ("The total is 1,234.", "234", 0.0),  # ... not read as the number after the comma
+        ("Then 1, 2, 3", "3", 1.0),  # a list is not a thousands group
+        ("half of 5 is 2.5.", "2.5", 1.0),  # decimals whole
+        ("half of 5 is 2.5.", "5", 0.0),
+    ],
+)
+def test_last_number_verifier_reads_whole_numbers(completion, gold, score):
+    assert get_verifier("last_number")(completion, TaskItem("q", gold, {"id": "a"})) == score
 
 
 def test_math_verifier_reads_a_restated_question_as_the_answer():

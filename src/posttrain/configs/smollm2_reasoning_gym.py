@@ -10,10 +10,10 @@ first step and after the last, and prints both::
 
     posttrain grpo --config smollm2_reasoning_gym
 
-The model answers in prose (``To calculate 88 + 94, ... 88 + 94 equals 176.``) and never in
-the ``\\boxed{}`` the system prompt asks for, so the recipe scores the last number it writes
-(``reward.verifier=last_number``; a box, when there is one, wins). What GRPO teaches it here is
-to answer tersely (``88 + 94 = 182.``) and more often right. What it measured, and what did not
+The model answers in prose (``To calculate 6 + 10, we need to add 10 to 6. 10 + 6 equals 7.``)
+and, greedy, never in the ``\\boxed{}`` the system prompt asks for, so the recipe scores the last
+number it writes (``reward.verifier=last_number``; a box, when there is one, wins). What GRPO
+teaches it here is to answer tersely (``6 + 10 = 16.``) and more often right. What it measured, and what did not
 work on the way (format rewards for the box; math-verify's reading of prose, which the policy
 gamed): ``docs/guides/smollm2.md``.
 """
@@ -49,8 +49,8 @@ def build_config() -> PosttrainConfig:
     cfg.data.val_size = 100
     cfg.data.prompts_per_step = 8
     cfg.data.prompt_template = "chat"
-    # The default system prompt asks for a \\boxed{} answer; this model boxes in under 1% of
-    # samples, and the boxes it writes hold copied numbers (an example's, an operand), right in
+    # The default system prompt asks for a \\boxed{} answer; this model boxes 0 of 100 greedy
+    # answers and under 2% of samples, and the boxes it writes hold copied numbers (an example's, an operand), right in
     # 0-5% of them against about 25% for the last number of its prose. Format credit for the box
     # taught the policy to box a copied constant; so the recipe reads the prose instead.
 
@@ -62,8 +62,9 @@ def build_config() -> PosttrainConfig:
 
     # The last number written, compared with the gold answer as a string. Not `math`: its
     # math-verify reading of prose takes what follows "the final answer is", and the policy
-    # learnt to end with "The final answer is 88 + 94 = 172." (read as 88 + 94, so "right").
-    # Not `reasoning_gym`: its scorer pays partial credit for a substring of the answer.
+    # learnt to end with "So, the final answer is 88 + 94 = 172." (read as 88 + 94, so "right").
+    # Not `reasoning_gym`: its scorer pays partial credit when the gold answer is a substring of
+    # the response's.
     cfg.reward.verifier = "last_number"
 
     # LoRA on every linear layer: the backward skips the base weights' gradients.

@@ -72,7 +72,7 @@ def reasoning_gym_verifier_needs_task(cfg: PosttrainConfig) -> str | None:
         return None
     return (
         f"reward.verifier=reasoning_gym needs data.task=reasoning_gym (got {cfg.data.task}); "
-        "use verifier exact or math"
+        "use verifier exact, math or last_number"
     )
 
 

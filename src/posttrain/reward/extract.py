@@ -15,7 +15,7 @@ import re
 
 _BOXED = "\\boxed{"
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
 
 
 def boxed_contents(text: str) -> tuple[list[str], int]:
@@ -63,9 +63,10 @@ def extract_answer(completion: str) -> str:
 
 
 def last_number(text: str) -> str | None:
-    """The last integer or decimal written in ``text`` (sign kept), or None if there is none."""
+    """The last integer or decimal written in ``text``, sign kept and thousands commas dropped
+    (``1,234`` -> ``1234``), or None if there is none."""
     numbers = _NUMBER.findall(text)
-    return numbers[-1] if numbers else None
+    return numbers[-1].replace(",", "") if numbers else None
 
 
 def follows_format(completion: str) -> bool:

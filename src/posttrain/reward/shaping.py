@@ -1,8 +1,10 @@
 """Shaping rewards for the arithmetic task, usable as ``reward.functions`` entries.
 
-``exact`` scores a right answer 1 and everything else 0, which from random weights is a needle
-in a haystack. These functions add a little credit for being close, and return 0 for an exact
-answer so the exact verifier alone decides the top of the scale.
+Both are meant to go with the ``exact`` verifier, which scores a right answer 1 and everything
+else 0, and they return 0 where it scores 1, so the verifier alone decides the top of the scale.
+:func:`numeric_closeness` adds a little credit for being close (from random weights a right
+answer is a needle in a haystack); :func:`unmarked_answer_credit` pays half for a right answer
+stated in prose instead of the asked-for box.
 """
 
 from __future__ import annotations
@@ -37,8 +39,11 @@ def unmarked_answer_credit(prompt: str, completion: str, answer: str, meta: dict
     the verifier), a right answer stated in prose earns half, and anything wrong earns nothing,
     boxed or not. A flat format credit instead pays any box, and a weak policy that rarely
     computes the answer collapses onto boxing whatever is easiest to copy (an example in the
-    prompt, an operand). Returns 0 when the verifier already scores the completion (its first
-    line is the answer), so nothing is paid twice.
+    prompt, an operand). Returns 0 when ``exact`` already scores the completion (its first line is
+    the answer), so nothing is paid twice; with ``last_number`` or ``math`` a right answer in
+    prose would be paid by the verifier as well. Measured on SmolLM2-135M
+    (docs/guides/smollm2.md): its boxes were right less often than its prose, so this reward
+    taught it to stop boxing.
     """
     if marked_answer(completion) is not None or extract_answer(completion) == answer.strip():
         return 0.0

@@ -82,7 +82,7 @@ class RewardResult:
 class RewardStage:
     """Scores rollouts and runs the advantage annotators; built from plain config values.
 
-    ``verifier``: ``"exact"`` | ``"math"`` | ``"reasoning_gym"`` (see
+    ``verifier``: ``"exact"`` | ``"math"`` | ``"last_number"`` | ``"reasoning_gym"`` (see
     :mod:`posttrain.reward.verifiers`). ``format_weight``: added when the completion has exactly
     one non-empty ``\\boxed{}`` (meant for the ``chat`` template, whose system prompt asks for
     it). ``functions``: ``"module:function"`` specs of user reward functions. ``group_size``:
