@@ -264,9 +264,9 @@ class RewardConfig(Section):
     verifier: Literal["exact", "math", "last_number", "reasoning_gym"] = Field(
         "exact",
         description="Answer check: `exact` compares the extracted answer with the gold string, "
-        "`math` compares by value with math-verify, `last_number` takes the marked answer or else "
-        "the last number written (for answers stated in prose), `reasoning_gym` asks the task's own "
-        "reasoning-gym scorer (needs `data.task=reasoning_gym`).",
+        "`math` compares by value with math-verify, `last_number` takes the marked answer or "
+        "else the last number written (for answers stated in prose), `reasoning_gym` asks the "
+        "task's own reasoning-gym scorer (needs `data.task=reasoning_gym`).",
     )
     format_weight: float = Field(
         0.0, ge=0, description="Weight of the format reward added to the verifier's score."

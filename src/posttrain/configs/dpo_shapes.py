@@ -23,8 +23,8 @@ def build_config() -> PosttrainConfig:
     cfg.dpo.eval_samples_per_class = 64  # 192 samples: ~10 s per evaluation on one core
     cfg.dpo.target_color = "red"
 
-    # Measured on this domain (docs/guides/dpo.md), β = 5 (β·T = 5000): lr 1e-5 and 3e-5 gain less
-    # in 120 steps, 3e-4 costs 25 points of validity; β = 0.5 and 50 gain less at 1e-4.
+    # Measured on this domain (docs/guides/dpo.md), β = 5 (β·T = 5000): lr 1e-5 and 3e-5 gain
+    # less in 120 steps, 3e-4 costs 25 points of validity; β = 0.5 and 50 gain less at 1e-4.
     cfg.rl.lr = 1e-4
     cfg.rl.lr_schedule = "cosine"
     cfg.rl.warmup_steps = 10

@@ -13,9 +13,9 @@ first step and after the last, and prints both::
 The model answers in prose (``To calculate 6 + 10, we need to add 10 to 6. 10 + 6 equals 7.``)
 and, greedy, never in the ``\\boxed{}`` the system prompt asks for, so the recipe scores the last
 number it writes (``reward.verifier=last_number``; a box, when there is one, wins). What GRPO
-teaches it here is to answer tersely (``6 + 10 = 16.``) and more often right. What it measured, and what did not
-work on the way (format rewards for the box; math-verify's reading of prose, which the policy
-gamed): ``docs/guides/smollm2.md``.
+teaches it here is to answer tersely (``6 + 10 = 16.``) and more often right. What it measured,
+and what did not work on the way (format rewards for the box; math-verify's reading of prose,
+which the policy gamed): ``docs/guides/smollm2.md``.
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ def build_config() -> PosttrainConfig:
     cfg.data.prompts_per_step = 8
     cfg.data.prompt_template = "chat"
     # The default system prompt asks for a \\boxed{} answer; this model boxes 0 of 100 greedy
-    # answers and under 2% of samples, and the boxes it writes hold copied numbers (an example's, an operand), right in
-    # 0-5% of them against about 25% for the last number of its prose. Format credit for the box
-    # taught the policy to box a copied constant; so the recipe reads the prose instead.
+    # answers and under 2% of samples, and its boxes hold copied numbers (an example's, an
+    # operand), right in 0-5% of them against about 25% for the last number of its prose. Format
+    # credit for the box taught the policy to box a copied constant; the recipe reads the prose.
 
     cfg.rollout.n = 8
     # Temperature 0.6, not 1: at 1 this model's samples are mostly noise (the last number is

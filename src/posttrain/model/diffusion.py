@@ -106,7 +106,7 @@ def sample(
     labels: Tensor,
     seeds: Sequence[int],
     steps: int,
-    eta: float = 0.0,
+    eta: float,
     batch: int = 64,
 ) -> Tensor:
     """Images ``[N, 3, H, W]`` in [-1, 1] for class ``labels[i]`` from seed ``seeds[i]``.
