@@ -170,7 +170,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--compile", action="store_true", help="also time the update compiled")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    from posttrain.entrypoints.common import quiet_libraries
+    from posttrain.run.records import quiet_libraries
 
     quiet_libraries()
     s = SMOKE if args.smoke else FULL

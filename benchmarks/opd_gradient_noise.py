@@ -21,10 +21,10 @@ from posttrain.algorithm.opd import make_objective
 from posttrain.config import load_config
 from posttrain.config.build import objective_context
 from posttrain.data.tasks import make_task_source
-from posttrain.entrypoints.common import encode_prompts, quiet_libraries
 from posttrain.model.loading import load_policy
 from posttrain.placement.teacher import TeacherRole
 from posttrain.rollout import TorchRolloutEngine
+from posttrain.run.records import encode_prompts, quiet_libraries
 
 RECIPE = "opd_arithmetic"
 

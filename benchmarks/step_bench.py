@@ -34,7 +34,7 @@ def run_one(preset: str, steps: int, workdir: Path) -> dict:
     from posttrain.config import load_config
     from posttrain.config.build import build_objective
     from posttrain.entrypoints import grpo
-    from posttrain.entrypoints.common import quiet_libraries
+    from posttrain.run.records import quiet_libraries
 
     quiet_libraries()
     opts = [

@@ -99,7 +99,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from posttrain.entrypoints.common import quiet_libraries
+    from posttrain.run.records import quiet_libraries
 
     quiet_libraries()
     results = []

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from posttrain.config import load_config
 from posttrain.entrypoints import opd
 from posttrain.entrypoints.cli import EXIT_CONFIG_ERROR, main
-from posttrain.entrypoints.common import default_out_dir
 from posttrain.model.tiny import build_tiny_model
+from posttrain.run.records import default_out_dir
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = "opd_arithmetic"

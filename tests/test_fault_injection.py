@@ -26,8 +26,8 @@ from trainer_support import VOCAB, pg_objective, tiny_llama
 import posttrain.fileio
 import posttrain.trainer.checkpoint as checkpoint_module
 from posttrain.entrypoints.cli import main
-from posttrain.entrypoints.run_lock import RunLock, RunLockedError
 from posttrain.metrics.sinks import JsonlSink
+from posttrain.run.lock import RunLock, RunLockedError
 from posttrain.testing import synthetic_batch
 from posttrain.trainer import CheckpointError, CheckpointManager, LLMTrainer, ResumeError
 from posttrain.trainer.manifest import verify

@@ -14,8 +14,8 @@ from test_entry_opd import RECIPE, opd_opts, rows_of  # noqa: E402
 
 from posttrain.config import load_config  # noqa: E402
 from posttrain.entrypoints import opd  # noqa: E402
-from posttrain.entrypoints.common import default_out_dir  # noqa: E402
 from posttrain.model.tiny import build_tiny_model  # noqa: E402
+from posttrain.run.records import default_out_dir  # noqa: E402
 
 STEPS = 3
 

@@ -6,8 +6,8 @@ import signal
 
 import pytest
 
-from posttrain.entrypoints.guard import run_guarded
-from posttrain.entrypoints.signals import GracefulStop, RunInterrupted
+from posttrain.run.guard import run_guarded
+from posttrain.run.signals import GracefulStop, RunInterrupted
 
 
 def test_first_signal_finishes_the_step_and_saves_it_once():

@@ -12,12 +12,12 @@ import pytest
 
 from posttrain.config import ConfigError, load_config
 from posttrain.config.sections import DataConfig
-from posttrain.entrypoints import run_lock
+from posttrain.control.input_checks import check_inputs
 from posttrain.entrypoints.cli import main
-from posttrain.entrypoints.guard import one_line
-from posttrain.entrypoints.input_checks import check_inputs
 from posttrain.entrypoints.online import build_tasks
 from posttrain.model.tiny import build_tiny_model
+from posttrain.run import lock as run_lock
+from posttrain.run.guard import one_line
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ Adding a command is a few lines::
 and appending ``_add_grpo`` to :data:`COMMANDS`.
 
 User errors from any handler print one line to stderr and exit non-zero without a traceback
-(:mod:`posttrain.entrypoints.guard`); ``posttrain --debug ...`` shows it. Handlers import what
+(:mod:`posttrain.run.guard`); ``posttrain --debug ...`` shows it. Handlers import what
 they need when they run, so ``posttrain --help`` answers without loading torch.
 """
 
@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib import resources
 
-from posttrain.entrypoints.guard import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, run_guarded
+from posttrain.run.guard import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, run_guarded
 
 __all__ = ["EXIT_CONFIG_ERROR", "EXIT_RUN_ERROR", "build_parser", "main", "run_guarded"]
 

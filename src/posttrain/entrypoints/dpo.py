@@ -35,10 +35,10 @@ from posttrain.control import objective_family, run_preflight
 from posttrain.data import shapes
 from posttrain.data.images import PairBatch, step_seeds
 from posttrain.data.pairs import load_pairs, write_grid
-from posttrain.entrypoints.common import default_out_dir, refuse_driver_edits, write_resolved_config
-from posttrain.entrypoints.run_lock import RunLock, prepare_run_dir
 from posttrain.metrics import open_sinks
 from posttrain.model.diffusion import alphas_cumprod, unet_config
+from posttrain.run.lock import RunLock, prepare_run_dir
+from posttrain.run.records import default_out_dir, refuse_driver_edits, write_resolved_config
 from posttrain.trainer import Trainer
 from posttrain.trainer.errors import ResumeError
 

@@ -20,7 +20,7 @@ from posttrain.config.build import build_objective
 from posttrain.config.user_code import import_callable
 from posttrain.control.opd import check_entry
 from posttrain.entrypoints import online
-from posttrain.entrypoints.common import default_out_dir, quiet_libraries
+from posttrain.run.records import default_out_dir, quiet_libraries
 
 #: Settings the GRPO entry pins after the user's overrides (none: GRPO is the default algorithm).
 PINNED_OPTS: tuple[str, ...] = ()

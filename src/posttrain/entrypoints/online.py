@@ -26,20 +26,20 @@ from typing import Any
 from posttrain.config import ConfigError, PosttrainConfig, load_config, to_dict
 from posttrain.config.user_code import check_builder
 from posttrain.control import run_preflight
+from posttrain.control.input_checks import check_inputs
 from posttrain.data.tasks import TaskItem, TaskSource, make_task_source
-from posttrain.entrypoints.common import (
+from posttrain.metrics import open_sinks
+from posttrain.model.loading import load_tokenizer
+from posttrain.model.tiny import build_tiny_model
+from posttrain.reward.dynamic_sampling import sample_step
+from posttrain.run.lock import RunLock, prepare_run_dir
+from posttrain.run.records import (
     encode_prompts,
     refuse_driver_edits,
     write_resolved_config,
     write_samples,
 )
-from posttrain.entrypoints.dynamic_sampling import sample_step
-from posttrain.entrypoints.input_checks import check_inputs
-from posttrain.entrypoints.run_lock import RunLock, prepare_run_dir
-from posttrain.entrypoints.signals import GracefulStop
-from posttrain.metrics import open_sinks
-from posttrain.model.loading import load_tokenizer
-from posttrain.model.tiny import build_tiny_model
+from posttrain.run.signals import GracefulStop
 
 log = logging.getLogger("posttrain")
 

@@ -23,8 +23,8 @@ from posttrain.config.user_code import import_callable
 from posttrain.control import run_preflight
 from posttrain.control.opd import check_entry
 from posttrain.entrypoints import online
-from posttrain.entrypoints.common import default_out_dir, quiet_libraries
 from posttrain.placement.teacher import check_teacher_tokenizer
+from posttrain.run.records import default_out_dir, quiet_libraries
 
 #: The entry's invariant, appended after the user's overrides: it only ever trains OPD.
 PINNED_OPTS: tuple[str, ...] = ("job.algorithm=opd",)

@@ -18,8 +18,8 @@ from transformers import AutoConfig
 from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.data.tasks import TaskDataError, TaskItem, TaskSource
 from posttrain.data.tasks.base import clip
-from posttrain.entrypoints.common import encode_prompts
 from posttrain.model.loading import check_model_folder, load_tokenizer
+from posttrain.run.records import encode_prompts
 
 log = logging.getLogger("posttrain")
 

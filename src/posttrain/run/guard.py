@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Callable
 
 from posttrain.config import ConfigError
-from posttrain.entrypoints.signals import RunInterrupted, signals_raise
+from posttrain.run.signals import RunInterrupted, signals_raise
 
 #: Exit status for a user error in the config or the overrides.
 EXIT_CONFIG_ERROR = 2
@@ -43,12 +43,12 @@ _OS_ADVICE = {
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input a user controls: reported in one line, never with a traceback."""
     from posttrain.data.tasks import TaskDataError
-    from posttrain.entrypoints.run_lock import RunLockedError
     from posttrain.metrics.plot import PlotError
     from posttrain.metrics.sinks import MetricsFileError
     from posttrain.model.errors import ModelLoadError
     from posttrain.placement.errors import RoleFailedError
     from posttrain.reward import RewardError
+    from posttrain.run.lock import RunLockedError
     from posttrain.trainer import TrainerError
 
     return (
