@@ -105,17 +105,31 @@ def _rollout(batch: TrajectoryBatch) -> Rollout:
     return Rollout(batch, torch.zeros(len(batch), dtype=torch.bool), None, 1)
 
 
+class Both:
+    """Adds a batch field and a column of its own."""
+
+    def __init__(self, config=None, device=None) -> None:
+        pass
+
+    def annotations(self, batch):
+        lp = torch.full(batch.response_mask.shape, -1.0)
+        return {"teacher_logprobs": lp, "response_length": torch.arange(float(len(batch)))}
+
+
+def test_a_nested_builder_is_refused_when_declared():
+    def build(config, device=None):
+        return LengthScorer(config)
+
+    for bad in (build, functools.partial(build), lambda c, device=None: None):
+        with pytest.raises(ValueError, match="must be a module-level function or class"):
+            RoleSpec("length", bad, adds=("response_length",))
+
+
 def test_annotate_sets_fields_by_name_and_other_columns_beside_them():
     batch = synthetic_batch(22, 4, seed=0)
-    teacher_lp = torch.full(batch.response_mask.shape, -1.0)
-
-    class Both:
-        def annotations(self, b):
-            return {"teacher_logprobs": teacher_lp, "response_length": torch.arange(4.0)}
-
     spec = RoleSpec("both", Both, adds=("teacher_logprobs", "response_length"))
     out, times = annotate(_rollout(batch), [PlacedRole(spec, Both())])
-    assert out.batch.teacher_logprobs is teacher_lp
+    assert out.batch.teacher_logprobs.eq(-1).all()
     assert set(out.batch.columns) == {"response_length"}
     assert set(times) == {"time/both_s"}
     # the columns follow row selection and device moves, like every field

@@ -26,6 +26,7 @@ How the next roles fit, without new fields here:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,17 @@ class RoleSpec:
     adds: tuple[str, ...] = ()
     consumes: tuple[str, ...] = ("input_ids", "attention_mask", "response_mask")
     holds_model: bool = True
+
+    def __post_init__(self) -> None:
+        inner = self.build
+        while isinstance(inner, functools.partial):
+            inner = inner.func
+        qual = getattr(inner, "__qualname__", "")
+        if not callable(inner) or not qual or "<locals>" in qual or "<lambda>" in qual:
+            raise ValueError(
+                f"role {self.name!r}: build={inner!r} must be a module-level function or class "
+                "(optionally a functools.partial of one); Ray actors import it by name"
+            )
 
     def device(self, device: str | None) -> str | None:
         """The device this role is built on, given the model-bearing roles' device."""
