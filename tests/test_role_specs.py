@@ -230,8 +230,20 @@ def test_the_length_role_reaches_the_policy_and_changes_no_number(tmp_path, tiny
 
 def test_the_length_role_under_ray_gives_the_local_numbers(tmp_path, tiny_dir):
     ray = pytest.importorskip("ray")
+    from posttrain.config import ConfigError
+    from posttrain.placement.ray import place_ray
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
     try:
+        # Each declared role is one more actor; only one that holds a model asks for GPUs.
+        scorer = RoleSpec("scorer", LengthScorer, adds=("score",))
+        for ask, message in (({"placement.cpus_per_role": 0.5}, r"2.5 CPUs .*x 5 actors"),
+                             ({"placement.cpus_per_role": 0.4, "placement.gpus_per_role": 1},
+                              r"3 GPUs .*x 3 model actors")):  # fmt: skip
+            opts = _opts(tmp_path, tiny_dir, **ask)
+            config = load_config("arithmetic", ["--", *opts])
+            with pytest.raises(ConfigError, match=message):
+                place_ray(config, "arithmetic", opts, build_objective, "run", (LENGTH, scorer))
         remote, seen = _run(tmp_path / "ray", tiny_dir, (LENGTH,), **{
             "placement.backend": "ray", "placement.cpus_per_role": 0.5})  # fmt: skip
     finally:
