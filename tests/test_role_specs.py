@@ -82,8 +82,9 @@ def checking_builder(record_dir: str, rl, ctx):
         ((RoleSpec("rm", LengthScorer, adds=("s",), consumes=("response_length",)),),
          "consumes response_length, which neither a rollout nor a role declared before it"),
         ((LENGTH, RoleSpec("again", LengthScorer, adds=("response_length",))),
-         "adds response_length, which the rollout or an earlier role already carries"),
+         "adds response_length, which the rollout, an earlier role or the reward stage"),
         ((RoleSpec("log", LengthScorer, adds=("rollout_logprobs",)),), "a column has one producer"),
+        ((RoleSpec("adv", LengthScorer, adds=("advantages",)),), "adds advantages, which the"),
     ],
 )  # fmt: skip
 def test_a_bad_declaration_is_refused_in_one_line_naming_the_role(specs, message):

@@ -41,6 +41,8 @@ from posttrain.rollout import Rollout
 ROLLOUT_COLUMNS = (
     "input_ids", "attention_mask", "response_mask", "group_ids", "sample_ids", "rollout_logprobs",
 )  # fmt: skip
+#: What the reward stage writes after every declared role has run (it owns them).
+STAGE_COLUMNS = ("rewards", "advantages")
 #: Names of the roles every online run places; a declared role takes another name.
 BUILT_IN_ROLES = ("policy", "rollout", "reward")
 
@@ -105,11 +107,11 @@ def check_specs(specs: Sequence[RoleSpec]) -> tuple[RoleSpec, ...]:
                 f"role {spec.name!r} consumes {', '.join(missing)}, which neither a rollout nor "
                 "a role declared before it adds; declare the producing role first"
             )
-        again = [c for c in spec.adds if c in available]
+        again = [c for c in spec.adds if c in available or c in STAGE_COLUMNS]
         if again:
             raise ValueError(
-                f"role {spec.name!r} adds {', '.join(again)}, which the rollout or an earlier "
-                "role already carries; a column has one producer"
+                f"role {spec.name!r} adds {', '.join(again)}, which the rollout, an earlier role "
+                "or the reward stage already produces; a column has one producer"
             )
         available.update(spec.adds)
     return tuple(specs)
