@@ -68,7 +68,7 @@ def main() -> None:
         prompts = encode_prompts(items, d, tokenizer)
         rollout = engine.generate(prompts, n=cfg.rollout.n, temperature=1.0, top_p=1.0,
                                   max_tokens=cfg.rollout.max_tokens, seed=i)  # fmt: skip
-        batch = teacher.score(rollout).batch
+        batch = rollout.batch.replace(**teacher.annotations(rollout.batch))
         grads["advantage"].append(gradient(advantage, model, batch))
         grads["direct"].append(gradient(direct, model, batch))
     same = [cosine(a, b) for a, b in zip(grads["advantage"], grads["direct"], strict=True)]

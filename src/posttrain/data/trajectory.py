@@ -11,8 +11,8 @@ helper ask the model for ``R + 1`` logit rows instead of ``P + R``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -32,6 +32,8 @@ class TrajectoryBatch:
     columns: an objective reads them through its ``old_logp_cache`` and ``reference_scorer``.
     A distillation teacher may add its top-k next-token distribution at every response position:
     ``teacher_topk_ids`` (int64) and ``teacher_topk_logprobs`` ``[B, R, K]``, both or neither.
+    ``columns``: what a declared role (``placement/specs.py``) adds under a name that is no
+    field here, ``[B]`` or ``[B, R, ...]``; rows are selected, padded and moved with the batch.
     """
 
     input_ids: Tensor
@@ -45,6 +47,7 @@ class TrajectoryBatch:
     teacher_logprobs: Tensor | None = None
     teacher_topk_ids: Tensor | None = None
     teacher_topk_logprobs: Tensor | None = None
+    columns: Mapping[str, Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         ids = self.input_ids
@@ -89,6 +92,18 @@ class TrajectoryBatch:
             _expect(t.is_floating_point(), name, f"must be floating, got {t.dtype}")
             _expect(t.shape == (b, r), name, f"must be [B={b}, R={r}], got {tuple(t.shape)}")
         self._check_topk(b, r)
+        self._check_columns(b, r)
+
+    def _check_columns(self, b: int, r: int) -> None:
+        for name, t in self.columns.items():
+            where = f"columns[{name!r}]"
+            _expect(name not in _FIELDS, where, "is a field of the batch; set the field instead")
+            _expect(isinstance(t, Tensor), where, f"must be a tensor, got {type(t).__name__}")
+            _expect(
+                t.shape[:1] == (b,) and (t.dim() == 1 or t.shape[1] == r),
+                where,
+                f"must be [B={b}] or [B={b}, R={r}, ...], got {tuple(t.shape)}",
+            )
 
     def _check_topk(self, b: int, r: int) -> None:
         ids, logp = self.teacher_topk_ids, self.teacher_topk_logprobs
@@ -140,14 +155,16 @@ class TrajectoryBatch:
 
     def map(self, fn) -> TrajectoryBatch:
         """Apply ``fn`` to every tensor field (row selection, ``.to(device)``)."""
-        vals = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            vals[f.name] = None if v is None else fn(v)
+        vals = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        vals = {k: v if v is None else fn(v) for k, v in vals.items() if k != "columns"}
+        vals["columns"] = {name: fn(t) for name, t in self.columns.items()}
         return TrajectoryBatch(**vals)
 
     def to(self, device: torch.device | str) -> TrajectoryBatch:
         return self.map(lambda t: t.to(device))
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(TrajectoryBatch))
 
 
 def _expect(cond: bool, field: str, msg: str) -> None:

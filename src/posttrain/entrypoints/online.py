@@ -3,13 +3,13 @@
 One step::
 
     prompts -> rollout (n samples each) -> reward scores [-> more rounds while dynamic sampling
-    lacks informative groups] -> [teacher scoring] -> reward stage (group advantages, before
-    dispatch) -> policy update(s) -> weight sync
+    lacks informative groups] -> [declared roles, e.g. teacher scoring] -> reward stage (group
+    advantages, before dispatch) -> policy update(s) -> weight sync
             -> periodic held-out evaluation, checkpoint, metrics
 
 An entry (``grpo.py``, ``opd.py``) is a composition: it names its objective builder, the
-settings it pins, and whether its roles include a teacher; this file holds the loop once, and no
-loss math.
+settings it pins, and the roles it declares (``placement/specs.py``: OPD's teacher); this file
+holds the loop once, and no loss math.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from posttrain.data.tasks import TaskItem, TaskSource, make_task_source
 from posttrain.metrics import open_sinks
 from posttrain.model.loading import load_tokenizer
 from posttrain.model.tiny import build_tiny_model
+from posttrain.placement.specs import RoleSpec, annotate
 from posttrain.reward.dynamic_sampling import sample_step
 from posttrain.run.lock import RunLock, prepare_run_dir
 from posttrain.run.records import (
@@ -52,9 +53,10 @@ def run(
     build_objective_fn,
     *,
     pinned_opts: Sequence[str] = (),
-    teacher: bool = False,
+    role_specs: Sequence[RoleSpec] = (),
 ) -> dict[str, Any]:
-    """Train with the objective from ``build_objective_fn`` (required: no fallback to GRPO).
+    """Train with the objective from ``build_objective_fn`` (required: no fallback to GRPO),
+    applying the declared ``role_specs`` to each rollout in order.
 
     ``config`` is the driver's resolved copy; roles in other processes re-resolve
     ``config_path`` + ``opts`` + ``pinned_opts`` (the entry's invariants, after the user's), so
@@ -71,7 +73,7 @@ def run(
     with RunLock(run_dir):  # one writer per run directory
         ensure_model(resolved)
         tasks = check_inputs(resolved, tasks)
-        roles = _place(resolved, config_path, opts, build_objective_fn, run_dir, teacher)
+        roles = _place(resolved, config_path, opts, build_objective_fn, run_dir, role_specs)
         try:
             return loop(resolved, roles, tasks, run_dir)
         finally:
@@ -103,14 +105,15 @@ def ensure_model(config: PosttrainConfig) -> None:
         build_tiny_model(config.model.init_preset, path, seed=config.job.seed)
 
 
-def _place(config, config_path: str, opts, build_objective_fn, run_dir: Path, teacher: bool):
+def _place(config, config_path: str, opts, build_objective_fn, run_dir: Path, specs):
+    """Both placements build the declared roles from the same specs."""
     if config.placement.backend == "ray":
         from posttrain.placement.ray import place_ray
 
-        return place_ray(config, config_path, opts, build_objective_fn, str(run_dir), teacher)
+        return place_ray(config, config_path, opts, build_objective_fn, str(run_dir), specs)
     from posttrain.placement.local import place_local
 
-    return place_local(config, build_objective_fn, str(run_dir), teacher)
+    return place_local(config, build_objective_fn, str(run_dir), specs)
 
 
 def rollout_seed(seed: int, step: int) -> int:
@@ -119,8 +122,8 @@ def rollout_seed(seed: int, step: int) -> int:
 
 
 def collect(config: PosttrainConfig, roles, tokenizer, tasks: TaskSource, cursor: int, step: int):
-    """Sample from the data ``cursor`` (one round, or dynamic sampling's rounds), score (teacher
-    first, if any) and annotate one step's batch: the data edge.
+    """Sample from the data ``cursor`` (one round, or dynamic sampling's rounds), apply the
+    declared roles (OPD's teacher) and the reward stage to one step's batch: the data edge.
 
     Returns what was sampled (rollout, items, cursor after it, ``sampling/*`` metrics), the
     reward stage's result and each phase's seconds. Round ``r`` of step ``s`` samples with seed
@@ -151,11 +154,8 @@ def collect(config: PosttrainConfig, roles, tokenizer, tasks: TaskSource, cursor
         cursor, prompts=p, take=lambda c, k: tasks.take(config.job.seed, c, k),
         generate=generate, score=score, dynamic=rl.dynamic_sampling, max_rounds=rounds,
     )  # fmt: skip
-    rollout = sampled.rollout
-    if roles.teacher is not None:
-        t = time.perf_counter()
-        rollout = roles.teacher.score(rollout)
-        times["time/teacher_s"] = time.perf_counter() - t
+    rollout, role_times = annotate(sampled.rollout, roles.declared)
+    times.update(role_times)
     t = time.perf_counter()
     result = roles.reward.score(rollout, sampled.items, sampled.scores)
     times["time/reward_s"] += time.perf_counter() - t

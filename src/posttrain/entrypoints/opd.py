@@ -7,7 +7,7 @@ objective.
 One step: rollout -> teacher scoring (``placement/teacher.py``) -> reward stage (metrics, held-out
 evaluation, optional shared-prefix masking) -> policy update with the OPD objective
 (``algorithm/opd.py``, or the builder ``--objective`` names) -> weight sync. This file holds no
-loss math and no loop (``online.py``); it pins ``job.algorithm=opd`` and adds the teacher.
+loss math and no loop (``online.py``); it pins ``job.algorithm=opd`` and declares the teacher.
 """
 
 from __future__ import annotations
@@ -23,11 +23,14 @@ from posttrain.config.user_code import import_callable
 from posttrain.control import run_preflight
 from posttrain.control.opd import check_entry
 from posttrain.entrypoints import online
-from posttrain.placement.teacher import check_teacher_tokenizer
+from posttrain.placement.specs import RoleSpec
+from posttrain.placement.teacher import TEACHER, check_teacher_tokenizer
 from posttrain.run.records import default_out_dir, quiet_libraries
 
 #: The entry's invariant, appended after the user's overrides: it only ever trains OPD.
 PINNED_OPTS: tuple[str, ...] = ("job.algorithm=opd",)
+#: The roles the loop applies to each rollout before the reward stage.
+ROLES: tuple[RoleSpec, ...] = (TEACHER,)
 
 
 def run(
@@ -48,7 +51,7 @@ def run(
     check_teacher_tokenizer(config)
     return online.run(
         config, config_path, opts, out_dir, build_objective_fn, pinned_opts=PINNED_OPTS,
-        teacher=True,
+        role_specs=ROLES,
     )  # fmt: skip
 
 

@@ -2,13 +2,15 @@
 
 The config is resolved once and shared by every role; the rollout role samples with the policy's
 own module, so weight sync copies nothing, unless ``rollout.dtype`` asks for a low-precision copy
-(the default on CUDA). ``placement.device`` puts the policy, the reference, the rollout and the
-teacher on one device; ``placement.torch_threads_per_process`` sets this process's torch threads.
+(the default on CUDA). ``placement.device`` puts the policy, the reference, the rollout and every
+declared role that holds a model (``placement/specs.py``: the OPD teacher) on one device;
+``placement.torch_threads_per_process`` sets this process's torch threads.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +18,7 @@ import torch
 from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.placement.device import resolve_device, rollout_dtype
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
-from posttrain.placement.teacher import TeacherRole
+from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
 
 log = logging.getLogger("posttrain")
 
@@ -26,7 +28,7 @@ class LocalRoles:
     policy: PolicyRole
     rollout: RolloutRole
     reward: RewardRole
-    teacher: TeacherRole | None = None
+    declared: tuple[PlacedRole, ...] = ()
 
     def sync_weights(self) -> int:
         """After an update: an engine sharing the policy module copies nothing; an own
@@ -41,9 +43,10 @@ def place_local(
     config: PosttrainConfig,
     build_objective_fn: ObjectiveBuilder,
     run_dir: str,
-    teacher: bool = False,
+    specs: Sequence[RoleSpec] = (),
 ) -> LocalRoles:
-    cfg = config
+    """Build the run's roles in this process: the built-in three, then ``specs`` in order."""
+    cfg, specs = config, check_specs(specs)
     ranks = cfg.placement.policy_ranks
     if ranks != 1:
         raise ConfigError(
@@ -58,12 +61,12 @@ def place_local(
     shared = policy.model if dtype == "float32" else None
     rollout = RolloutRole(cfg, model=shared, device=str(device))
     ref = "" if cfg.rl.kl_beta == 0 else f", reference on {device} ({cfg.model.dtype})"
-    tea = f", teacher on {device} ({cfg.teacher.dtype})" if teacher else ""
+    others = "".join(f", {s.name} on {s.device(str(device)) or 'cpu'}" for s in specs)
     log.info(
         "placement: policy on %s (float32 master, %s compute)%s%s, rollout on %s (%s%s); "
-        "%d torch thread(s)", device, cfg.model.dtype, ref, tea, device, dtype,
+        "%d torch thread(s)", device, cfg.model.dtype, ref, others, device, dtype,
         ", shares the policy module" if shared is not None else ", own copy",
         cfg.placement.torch_threads_per_process,
     )  # fmt: skip
-    teacher_role = TeacherRole(cfg, device=str(device)) if teacher else None
-    return LocalRoles(policy, rollout, RewardRole(cfg), teacher_role)
+    declared = tuple(PlacedRole(s, s.build(cfg, device=s.device(str(device)))) for s in specs)
+    return LocalRoles(policy, rollout, RewardRole(cfg), declared)

@@ -1,7 +1,8 @@
 """Ray placement: the same role classes as ``placement.local``, each in its own Ray actor.
 
 Actors: ``placement.policy_ranks`` policy ranks (one ``torch.distributed`` group, gloo on CPU,
-nccl on GPU), one rollout actor with its own copy of the weights, one reward actor. Every actor
+nccl on GPU), one rollout actor with its own copy of the weights, one reward actor, and one actor
+per declared role (``placement/specs.py``: the OPD teacher), built from its spec. Every actor
 rebuilds the config from ``config_path`` + the override list; the driver checks that each one
 resolved exactly the driver's config. The objective builder travels by reference (module and
 name), so it must be a module-level function or a ``functools.partial`` of one.
@@ -40,15 +41,15 @@ from posttrain.config.user_code import BuilderError, check_builder
 from posttrain.placement.dispatch import shard_batch
 from posttrain.placement.errors import RoleFailedError
 from posttrain.placement.ray_host import (
+    DeclaredRoleHost,
     GroupSpec,
     PolicyHost,
     RewardHost,
     RolloutHost,
-    TeacherHost,
     worker_pythonpath,
 )
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
-from posttrain.placement.teacher import TeacherRole, with_annotations
+from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
 from posttrain.trainer.compat import differing_keys
 
 log = logging.getLogger("posttrain")
@@ -173,17 +174,6 @@ class RayPolicy:
         return self._all("save", [(step, data_state)] * len(self.names))[0]
 
 
-class RayTeacher:
-    """The teacher actor behind ``TeacherRole.score``: the batch travels to it through the
-    object store and only the annotations come back; the driver attaches them."""
-
-    def __init__(self, remote: RemoteRole) -> None:
-        self._remote = remote
-
-    def score(self, rollout):
-        return with_annotations(rollout, self._remote.annotations(rollout.batch))
-
-
 @dataclass
 class RayRoles:
     """The roles of a run placed as Ray actors (same interface as ``LocalRoles``)."""
@@ -195,7 +185,8 @@ class RayRoles:
     worker_configs: dict[str, dict[str, Any]]
     owns_ray: bool
     last_sync: dict[str, int] = field(default_factory=dict)
-    teacher: RayTeacher | None = None
+    #: Declared roles; a role's batch travels to its actor and only its columns come back.
+    declared: tuple[PlacedRole, ...] = ()
 
     def sync_weights(self) -> int:
         """Rank 0's state dict goes into the object store once; the rollout actor loads it."""
@@ -214,15 +205,17 @@ def place_ray(
     opts: Sequence[str],
     build_objective_fn: ObjectiveBuilder,
     run_dir: str,
-    teacher: bool = False,
+    specs: Sequence[RoleSpec] = (),
 ) -> RayRoles:
     """Start (or join) Ray, place every role as an actor, and check what each one resolved."""
     check_builder(build_objective_fn)
     _check_serialisable(build_objective_fn)
+    specs = check_specs(specs)
     pc = config.placement
     ranks = pc.policy_ranks
-    # Policy ranks, rollout, reward (and the OPD teacher); all but the reward hold a model.
-    owns_ray = connect(pc, actors=ranks + 2 + teacher, model_actors=ranks + 1 + teacher)
+    # Policy ranks, rollout, reward, the declared roles; all but the reward may hold a model.
+    models = sum(s.holds_model for s in specs)
+    owns_ray = connect(pc, actors=ranks + 2 + len(specs), model_actors=ranks + 1 + models)
     run_dir = str(Path(run_dir).resolve())
     gpu = pc.gpus_per_role > 0
     device = "cuda" if gpu else None
@@ -232,10 +225,11 @@ def place_ray(
             actors.handles[f"policy rank {r}"] = host_actor(pc, PolicyHost, pc.gpus_per_role)
         actors.handles["rollout"] = host_actor(pc, RolloutHost, pc.gpus_per_role)
         actors.handles["reward"] = host_actor(pc, RewardHost, 0.0)
-        if teacher:
-            actors.handles["teacher"] = host_actor(pc, TeacherHost, pc.gpus_per_role)
+        for s in specs:
+            gpus = pc.gpus_per_role if s.holds_model else 0.0
+            actors.handles[s.name] = host_actor(pc, DeclaredRoleHost, gpus)
         starts = _start_roles(actors, config_path, list(opts), build_objective_fn, run_dir,
-                              ranks, device, "nccl" if gpu else "gloo")  # fmt: skip
+                              ranks, device, "nccl" if gpu else "gloo", specs)  # fmt: skip
         configs = dict(zip(actors.handles, actors.gather(starts, START_TIMEOUT_S), strict=True))
         _check_worker_configs(to_dict(config), configs)
     except BaseException:
@@ -248,11 +242,11 @@ def place_ray(
         actors=actors,
         worker_configs=configs,
         owns_ray=owns_ray,
-        teacher=RayTeacher(RemoteRole(actors, "teacher")) if teacher else None,
+        declared=tuple(PlacedRole(s, RemoteRole(actors, s.name)) for s in specs),
     )
 
 
-def _start_roles(actors, config_path, opts, builder, run_dir, ranks, device, backend):
+def _start_roles(actors, config_path, opts, builder, run_dir, ranks, device, backend, specs):
     h = actors.handles
     group = []
     if ranks > 1:
@@ -269,9 +263,9 @@ def _start_roles(actors, config_path, opts, builder, run_dir, ranks, device, bac
     calls.append(("rollout", h["rollout"].start.remote(RolloutRole, config_path, opts,
                                                        {"device": device})))  # fmt: skip
     calls.append(("reward", h["reward"].start.remote(RewardRole, config_path, opts, {})))
-    if "teacher" in h:
-        calls.append(("teacher", h["teacher"].start.remote(TeacherRole, config_path, opts,
-                                                           {"device": device})))  # fmt: skip
+    for s in specs:  # each declared role's actor builds it from the spec, as place_local does
+        kwargs = {"device": s.device(device)}
+        calls.append((s.name, h[s.name].start.remote(s.build, config_path, opts, kwargs)))
     return calls
 
 

@@ -134,5 +134,5 @@ class RewardHost(RoleHost):
     """Hosts the reward role."""
 
 
-class TeacherHost(RoleHost):
-    """Hosts the OPD teacher role (a frozen model scoring the student's samples)."""
+class DeclaredRoleHost(RoleHost):
+    """Hosts a declared role (``placement/specs.py``), e.g. the OPD teacher."""

@@ -87,9 +87,6 @@ class PolicyRole:
             Path(run_dir) / "checkpoints", keep_last=cfg.checkpoint.keep_last
         )
 
-    def objective_identity(self) -> dict[str, Any]:
-        return dict(self.objective.identity)
-
     def resume(self) -> ResumeState | None:
         return self.checkpoints.resume(
             self.trainer, mode=self.config.rl.resume, config=to_dict(self.config)

@@ -8,13 +8,13 @@ returns annotations only (the batch itself stays with the caller), as CPU tensor
   ``[B, R, K]`` float32: the teacher's K most likely next tokens at every response position,
   K = min(``teacher.top_k``, vocabulary).
 
-All at the loss temperature ``rl.temperature`` and zero on padding. The same class runs
-in-process (``placement.local``) or inside a Ray actor (``TeacherHost``).
+All at the loss temperature ``rl.temperature`` and zero on padding. :data:`TEACHER` declares
+the role (``placement/specs.py``); the OPD entry passes it to the loop, and either placement
+builds this class from it, in-process or inside the teacher's Ray actor.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -25,11 +25,7 @@ from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.data.logprobs import response_logits
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.loading import load_policy, load_tokenizer
-from posttrain.rollout import Rollout
-
-
-def with_annotations(rollout: Rollout, annotations: dict[str, Tensor]) -> Rollout:
-    return dataclasses.replace(rollout, batch=rollout.batch.replace(**annotations))
+from posttrain.placement.specs import RoleSpec
 
 
 def annotation_bytes(annotations: dict[str, Tensor]) -> int:
@@ -47,10 +43,6 @@ class TeacherRole:
         self.temperature = float(cfg.rl.temperature)
         self.top_k = cfg.teacher.top_k if cfg.rl.distillation_mode == "direct" else 0
         self.chunk = cfg.rl.micro_batch_size
-
-    def score(self, rollout: Rollout) -> Rollout:
-        """``rollout`` with the teacher's annotations on its batch (the loop's teacher phase)."""
-        return with_annotations(rollout, self.annotations(rollout.batch))
 
     @torch.no_grad()
     def annotations(self, batch: TrajectoryBatch) -> dict[str, Tensor]:
@@ -75,6 +67,15 @@ class TeacherRole:
             out["teacher_topk_ids"] = torch.where(m.unsqueeze(-1), ids, 0)
             out["teacher_topk_logprobs"] = torch.where(m.unsqueeze(-1), logp, 0)
         return out
+
+
+#: The OPD teacher as a declared role: it reads the sampled sequences and adds its log-probs
+#: (and, in the direct mode, its top-k next-token distribution).
+TEACHER = RoleSpec(
+    name="teacher",
+    build=TeacherRole,
+    adds=("teacher_logprobs", "teacher_topk_ids", "teacher_topk_logprobs"),
+)
 
 
 def check_teacher_tokenizer(config: PosttrainConfig) -> None:

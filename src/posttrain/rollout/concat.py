@@ -50,14 +50,16 @@ def _repad(b: TrajectoryBatch, p: int, r: int) -> TrajectoryBatch:
     per_token = {
         f.name: _pad_tokens(value, rr)
         for f in dataclasses.fields(b)
-        if f.name not in _SEQUENCE
+        if f.name not in (*_SEQUENCE, "columns")
         and (value := getattr(b, f.name)) is not None
         and value.dim() >= 2
     }
+    columns = {k: _pad_tokens(v, rr) if v.dim() >= 2 else v for k, v in b.columns.items()}
     return b.replace(
         input_ids=torch.cat([_pad(prompt, lp, 0, 0), _pad(resp, 0, rr, 0)], 1),
         attention_mask=torch.cat([_pad(attn_p, lp, 0, 0), _pad(attn_r, 0, rr, 0)], 1),
         response_mask=_pad(b.response_mask, 0, rr, False),
+        columns=columns,
         **per_token,
     )
 
@@ -73,7 +75,13 @@ def concat_rollouts(parts: Sequence[Rollout]) -> Rollout:
     r = max(x.batch.response_width for x in parts)
     batches = [_repad(x.batch, p, r) for x in parts]
     fields = {}
+    names = {tuple(sorted(b.columns)) for b in batches}
+    if len(names) > 1:
+        raise ValueError(f"concat_rollouts: the parts carry different columns {sorted(names)}")
+    fields["columns"] = {k: torch.cat([b.columns[k] for b in batches], 0) for k in names.pop()}
     for f in dataclasses.fields(TrajectoryBatch):
+        if f.name == "columns":
+            continue
         values = [getattr(b, f.name) for b in batches]
         if any(v is None for v in values):
             if any(v is not None for v in values):
