@@ -192,3 +192,18 @@ def test_engine_breaking_the_contract_is_caught(tok) -> None:
 def test_limits_are_validated() -> None:
     with pytest.raises(ValueError, match="max_turns must be >= 1"):
         EpisodeLimits(0, 1, 1)
+
+
+def test_fallback_mode_runs_without_template_tools(tok) -> None:
+    import functools
+
+    from posttrain.env.render import check_template
+
+    check_template(tok)  # the template is also prefix-stable with no tools
+    make = functools.partial(calculator_environment, native_tools=False)
+    eps, _ = run(tok, {0: [call("12+7"), "19"]}, items=ITEMS[1:2], make_env=make)
+    ep = eps[0]
+    assert ep.messages[0]["role"] == "system" and "<tool_call>" in ep.messages[0]["content"]
+    assert ep.messages[3] == {"role": "user", "content": "<tool_response>19</tool_response>"}
+    assert decode(tok, ep.ids) + "\n" == render(tok, ep.messages)
+    assert (ep.turns, ep.done, ep.info["tool_calls"]) == (2, True, 1)

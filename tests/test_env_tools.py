@@ -233,7 +233,7 @@ def test_user_environment_from_working_directory(tmp_path, monkeypatch) -> None:
         "my_env_mod:lam": "lambda or nested function",
         "my_env_mod:absent": "has no attribute 'absent'",
         "no_such_env_mod:make": "cannot import module 'no_such_env_mod'",
-        "nocolon": "expected 'module:function'",
+        "nocolon": "expected 'module:function' (one colon) (or a built-in name: calculator, tools)",
         "tools": "names no tools",
     }
     for spec, message in cases.items():
@@ -241,6 +241,7 @@ def test_user_environment_from_working_directory(tmp_path, monkeypatch) -> None:
             check_environment(spec)
         assert message in str(e.value), (spec, str(e.value))
         assert str(e.value).startswith(f"environment {spec!r}: ")
+        assert str(e.value).count(f"environment {spec!r}") == 1
         assert "\n" not in str(e.value)
     with pytest.raises(EnvironmentSpecError, match="only the 'tools' environment takes them"):
         check_environment("calculator", ["posttrain.env.calculator:calculator"])

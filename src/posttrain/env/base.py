@@ -101,7 +101,8 @@ def load_environment(spec: str, tools: Sequence[str] = ()) -> EnvFactory:
         factory = import_callable(target, "environment")
     except BuilderError as e:
         known = ", ".join(sorted([*BUILTIN, "tools"]))
-        raise fail(f"{e} (built-in names: {known})") from None
+        hint = f" (or a built-in name: {known})" if ":" not in spec else ""
+        raise EnvironmentSpecError(f"{e}{hint}") from None
     return factory
 
 

@@ -1,9 +1,9 @@
 """Tool calls under a time limit: a worker process that is killed when a call runs past it.
 
 A thread cannot be stopped, so a tool stuck in C code (a regex, a big-integer power, a socket)
-would hold the caller forever; a process can be killed. Forking one per call costs ~20 ms, which
-adds up over thousands of rollouts, so one worker is forked lazily and serves calls over a pipe
-(~0.1 ms each). **Policy at the limit**: the worker is killed, the call answers a timeout outcome
+would hold the caller forever; a process can be killed. A process start per call would add up
+over thousands of rollouts, so one worker is forked lazily and serves calls over a pipe.
+**Policy at the limit**: the worker is killed, the call answers a timeout outcome
 (the model reads it as the tool's output), and the next call forks a fresh worker. A worker that
 dies mid-call (a segfault, ``os._exit``) is answered the same way, as an error.
 
