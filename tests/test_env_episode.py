@@ -168,6 +168,16 @@ class Broken(Judge):
         raise KeyError("state")
 
 
+class Meddler(Judge):
+    def step(self, messages):
+        messages.clear()  # edits the list it was given
+        return EnvStep(done=True)
+
+
+def failing_factory():
+    raise RuntimeError("no data")
+
+
 def test_user_environment_rewards_are_summed(tok) -> None:
     eps, _ = run(tok, {0: ["18", "19"], 1: ["19", "7"]}, items=ITEMS[:2], make_env=Judge)
     assert [e.reward for e in eps] == [1.5, 0.5]
@@ -179,6 +189,17 @@ def test_environment_failure_names_item_and_turn(tok) -> None:
     with pytest.raises(EnvironmentFailedError) as e:
         run(tok, {0: ["1"]}, items=ITEMS[:1], make_env=Broken)
     assert str(e.value) == "environment on item 0 turn 1: KeyError: 'state'"
+    with pytest.raises(EnvironmentFailedError) as e:
+        run(tok, {0: ["1"]}, items=ITEMS[:1], make_env=failing_factory)
+    assert str(e.value) == "environment on item 0 factory: RuntimeError: no data"
+
+
+def test_environment_cannot_rewrite_the_conversation(tok) -> None:
+    eps, _ = run(tok, {0: ["7"]}, items=ITEMS[:1], make_env=Meddler)
+    assert eps[0].messages == [
+        {"role": "user", "content": "1+1?"},
+        {"role": "assistant", "content": "7"},
+    ]
 
 
 def test_engine_breaking_the_contract_is_caught(tok) -> None:

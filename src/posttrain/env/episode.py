@@ -154,7 +154,9 @@ def _take_turn(
         s.finish("context" if by_context else "turn_tokens")
         return
     turn_where = f"{where} turn {s.turns}"
-    step: EnvStep = check_step(_call_env(lambda: s.env.step(s.messages), turn_where), turn_where)
+    # a copy: an environment that edits the list it is given cannot rewrite the trajectory
+    answer = _call_env(lambda: s.env.step(list(s.messages)), turn_where)
+    step: EnvStep = check_step(answer, turn_where)
     for key, value in step.info.items():
         s.info[key] = s.info.get(key, 0) + value
     if step.reward is not None:
@@ -192,9 +194,10 @@ def run_episodes(
     with the stop token's text (:func:`posttrain.env.render.check_template`).
     """
     stops = frozenset(stop_ids if stop_ids is not None else [tokenizer.eos_token_id])
-    states = [
-        _open(make_env(), item, tokenizer, f"{name} on item {i}") for i, item in enumerate(items)
-    ]
+    states = []
+    for i, item in enumerate(items):
+        where = f"{name} on item {i}"
+        states.append(_open(_call_env(make_env, f"{where} factory"), item, tokenizer, where))
     for s in states:
         if len(s.traj.ids) >= limits.max_context:
             s.finish("context")
