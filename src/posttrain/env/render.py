@@ -32,17 +32,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.config.errors import ConfigError
 from posttrain.env.base import Message
 
 #: Probe content: leading/trailing whitespace and a newline catch templates that trim content.
 _PROBE_CONTENT = " 12 + 7 = 19 \n"
 
 
-class TemplateError(ValueError):
-    """The chat template cannot render a segment exactly (not prefix-stable); one line."""
+class TemplateError(ConfigError):
+    """The chat template cannot render a segment exactly (not prefix-stable); one line.
 
-    def __init__(self, message: str) -> None:
-        super().__init__(" ".join(message.split()))
+    A config error: the fix is another template (``model.tokenizer_path``), not another run.
+    """
 
 
 def render(
