@@ -32,6 +32,13 @@ CHARACTERS: tuple[str, ...] = tuple(
 )
 #: The arithmetic alphabet: a smaller output space makes exploration from random weights cheaper.
 ARITHMETIC_CHARACTERS: tuple[str, ...] = tuple(string.digits + "+-*/=()" + " ")
+#: Tool-call markers (Hermes/Qwen format): one token each with ``build_char_tokenizer(markers=)``.
+TOOL_MARKERS: tuple[str, ...] = (
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+)
 CHAR_LEVEL_MARKER = "posttrain_char_level"
 """Key set to ``true`` in ``tokenizer_config.json`` of folders written by this module."""
 
@@ -41,10 +48,14 @@ def char_vocab(characters: tuple[str, ...] = CHARACTERS) -> dict[str, int]:
     return {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *characters))}
 
 
-def build_char_tokenizer(characters: tuple[str, ...] = CHARACTERS) -> PreTrainedTokenizerFast:
+def build_char_tokenizer(
+    characters: tuple[str, ...] = CHARACTERS, markers: tuple[str, ...] = ()
+) -> PreTrainedTokenizerFast:
     """A fast tokenizer that splits text into single characters and prepends ``<bos>``.
 
     Unknown characters map to ``<unk>``; decoding concatenates tokens without separators.
+    ``markers`` (e.g. :data:`TOOL_MARKERS`) become single tokens after the characters; they are
+    not special, so decoding with ``skip_special_tokens=True`` keeps them.
     """
     vocab = char_vocab(characters)
     tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
@@ -55,6 +66,7 @@ def build_char_tokenizer(characters: tuple[str, ...] = CHARACTERS) -> PreTrained
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
     )
     tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.add_tokens(list(markers))
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK
     )

@@ -1,0 +1,41 @@
+"""Environments and tools for multi-turn rollouts (the environment role).
+
+:mod:`~posttrain.env.base` is the interface (``reset``/``step``, named ``module:function``),
+:mod:`~posttrain.env.tools` the built-in tools environment and ``calculator``,
+:mod:`~posttrain.env.render` the token-in-token-out rendering rule and the policy mask, and
+:mod:`~posttrain.env.episode` the engine-agnostic multi-turn driver. Not yet wired into the
+training loop: the run session and the declared roles come first.
+"""
+
+from posttrain.env.base import (
+    BUILTIN,
+    Environment,
+    EnvironmentFailedError,
+    EnvironmentSpecError,
+    EnvStep,
+    check_environment,
+    load_environment,
+    make_environment,
+)
+from posttrain.env.episode import Episode, EpisodeLimits, TurnRequest, episode_metrics, run_episodes
+from posttrain.env.render import TemplateError, TokenTrajectory, check_template, observation_segment
+
+__all__ = [
+    "BUILTIN",
+    "EnvStep",
+    "Environment",
+    "EnvironmentFailedError",
+    "EnvironmentSpecError",
+    "Episode",
+    "EpisodeLimits",
+    "TemplateError",
+    "TokenTrajectory",
+    "TurnRequest",
+    "check_environment",
+    "check_template",
+    "episode_metrics",
+    "load_environment",
+    "make_environment",
+    "observation_segment",
+    "run_episodes",
+]

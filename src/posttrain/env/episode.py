@@ -1,0 +1,240 @@
+"""Multi-turn episodes over any engine: sample a turn, let the environment answer, repeat.
+
+The driver is engine-agnostic: ``generate(requests)`` samples one turn for a batch of
+trajectories. Each :class:`TurnRequest` carries the ids appended to its trajectory since the
+engine last saw it (the prompt on the first call, then one observation segment), so an engine
+that keeps a KV cache per trajectory prefills only those; ``context`` holds all ids for an
+engine without one. Trajectories that finish (at different turns) leave the batch; an engine
+with a ``release(keys)`` method is told, so it can free their caches.
+
+Bounds, each marking the episode ``truncated`` with its reason: ``max_turns`` policy turns
+(``"max_turns"``), ``max_turn_tokens`` per turn (``"turn_tokens"``, a turn cut before its stop
+token ends the episode: its text may hold half a tool call), and ``max_context`` ids in all
+(``"context"``: the turn budget shrinks to what is left, and an observation that would leave no
+room is not appended).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from posttrain.env.base import (
+    Environment,
+    EnvironmentFailedError,
+    EnvStep,
+    Message,
+    check_messages,
+    check_step,
+    environment_tools,
+)
+from posttrain.env.render import TokenTrajectory, decode, encode, observation_segment, render
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """One trajectory's next turn: ``key`` names it across calls for the engine's cache."""
+
+    key: int
+    new_ids: list[int]
+    context: list[int]
+    max_new_tokens: int
+
+
+class TurnGenerator(Protocol):
+    """Samples one turn per request: ids up to and including a stop id, or ``max_new_tokens``."""
+
+    def __call__(self, requests: Sequence[TurnRequest]) -> Sequence[Sequence[int]]: ...
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int
+    max_turn_tokens: int
+    max_context: int
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_turn_tokens", "max_context"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class Episode:
+    """A finished trajectory: ids, policy mask (1 = sampled), and what the environment said.
+
+    ``reward`` sums the environment's step rewards (``None`` if it gave none); ``info`` sums
+    its step infos and adds ``turns``, ``policy_tokens`` and ``env_tokens``.
+    """
+
+    ids: list[int]
+    mask: list[int]
+    prompt_len: int
+    turns: int
+    reward: float | None
+    info: dict[str, float]
+    messages: list[Message]
+    truncated: str | None
+    done: bool
+
+
+@dataclass
+class _State:
+    env: Environment
+    messages: list[Message]
+    traj: TokenTrajectory
+    prompt_text: str
+    pending: list[int]
+    tools: list[dict[str, Any]]
+    prompt_len: int
+    turns: int = 0
+    rewards: list[float] = field(default_factory=list)
+    info: dict[str, float] = field(default_factory=dict)
+    truncated: str | None = None
+    done: bool = False
+    finished: bool = False
+
+    def finish(self, truncated: str | None = None, done: bool = False) -> None:
+        self.truncated, self.done, self.finished = truncated, done, True
+
+    def episode(self) -> Episode:
+        info = dict(self.info)
+        info |= {"turns": self.turns, "policy_tokens": self.traj.policy_tokens}
+        info["env_tokens"] = self.traj.env_tokens
+        return Episode(
+            ids=self.traj.ids,
+            mask=self.traj.mask,
+            prompt_len=self.prompt_len,
+            turns=self.turns,
+            reward=sum(self.rewards) if self.rewards else None,
+            info=info,
+            messages=self.messages,
+            truncated=self.truncated,
+            done=self.done,
+        )
+
+
+def _call_env(fn: Callable[[], Any], where: str) -> Any:
+    try:
+        return fn()
+    except EnvironmentFailedError:
+        raise
+    except Exception as e:  # the user's environment failed: name the item and turn
+        raise EnvironmentFailedError(f"{where}: {type(e).__name__}: {e}") from e
+
+
+def _open(env: Environment, item: dict[str, Any], tokenizer: Any, where: str) -> _State:
+    messages = check_messages(_call_env(lambda: env.reset(item), f"{where} reset"), where)
+    tools = environment_tools(env)
+    prompt_text = render(tokenizer, messages, tools, generation_prompt=True)
+    ids = encode(tokenizer, prompt_text)
+    traj = TokenTrajectory()
+    traj.add(ids, policy=False)
+    return _State(env, list(messages), traj, prompt_text, ids, tools, prompt_len=len(ids))
+
+
+def _take_turn(
+    s: _State, out: Sequence[int], budget: int, by_context: bool, tokenizer: Any,
+    stop_ids: frozenset[int], limits: EpisodeLimits, where: str,
+) -> None:  # fmt: skip
+    """Append a sampled turn, step the environment, append its observation or finish."""
+    out = [int(i) for i in out]
+    stopped = bool(out) and out[-1] in stop_ids
+    if len(out) > budget or (not stopped and len(out) < budget):
+        raise ValueError(
+            f"{where}: generate returned {len(out)} ids for a turn of at most {budget} that "
+            "must end at a stop id unless it uses the whole budget"
+        )
+    s.traj.add(out, policy=True)
+    s.turns += 1
+    content = decode(tokenizer, out[:-1] if stopped else out)
+    s.messages.append({"role": "assistant", "content": content})
+    if not stopped:
+        s.finish("context" if by_context else "turn_tokens")
+        return
+    turn_where = f"{where} turn {s.turns}"
+    # a copy: an environment that edits the list it is given cannot rewrite the trajectory
+    answer = _call_env(lambda: s.env.step(list(s.messages)), turn_where)
+    step: EnvStep = check_step(answer, turn_where)
+    for key, value in step.info.items():
+        s.info[key] = s.info.get(key, 0) + value
+    if step.reward is not None:
+        s.rewards.append(float(step.reward))
+    if step.done:
+        s.finish(done=True)
+        return
+    if s.turns >= limits.max_turns:
+        s.finish("max_turns")
+        return
+    seg = observation_segment(
+        tokenizer, s.messages, step.messages, prompt_text=s.prompt_text,
+        stop_text=decode(tokenizer, out[-1:]), tools=s.tools,
+    )  # fmt: skip
+    if len(s.traj.ids) + len(seg.ids) >= limits.max_context:
+        s.finish("context")
+        return
+    s.traj.add(seg.ids, policy=False)
+    s.messages.extend(step.messages)
+    s.prompt_text, s.pending = seg.prompt_text, seg.ids
+
+
+def run_episodes(
+    items: Sequence[dict[str, Any]],
+    make_env: Callable[[], Environment],
+    tokenizer: Any,
+    generate: TurnGenerator,
+    limits: EpisodeLimits,
+    stop_ids: Sequence[int] | None = None,
+    name: str = "environment",
+) -> list[Episode]:
+    """Run one episode per item, batching every live trajectory's turn into one ``generate``.
+
+    ``stop_ids`` default to the tokenizer's EOS id; the template must close an assistant turn
+    with the stop token's text (:func:`posttrain.env.render.check_template`).
+    """
+    stops = frozenset(stop_ids if stop_ids is not None else [tokenizer.eos_token_id])
+    states = []
+    for i, item in enumerate(items):
+        where = f"{name} on item {i}"
+        states.append(_open(_call_env(make_env, f"{where} factory"), item, tokenizer, where))
+    for s in states:
+        if len(s.traj.ids) >= limits.max_context:
+            s.finish("context")
+    release = getattr(generate, "release", None)
+    while live := [i for i, s in enumerate(states) if not s.finished]:
+        budgets = {
+            i: min(limits.max_turn_tokens, limits.max_context - len(states[i].traj.ids))
+            for i in live
+        }
+        requests = [
+            TurnRequest(i, list(states[i].pending), list(states[i].traj.ids), budgets[i])
+            for i in live
+        ]
+        outs = generate(requests)
+        if len(outs) != len(requests):
+            raise ValueError(f"generate answered {len(outs)} turns for {len(requests)} requests")
+        for i, out in zip(live, outs, strict=True):
+            by_context = budgets[i] < limits.max_turn_tokens
+            _take_turn(
+                states[i], out, budgets[i], by_context, tokenizer, stops, limits,
+                f"{name} on item {i}",
+            )  # fmt: skip
+        ended = [i for i in live if states[i].finished]
+        if release is not None and ended:
+            release(ended)
+    return [s.episode() for s in states]
+
+
+def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Batch metrics: mean turns, summed tool counts and tokens, truncations by reason."""
+    n = max(len(episodes), 1)
+    out: dict[str, float] = {"episodes": len(episodes)}
+    out["turns_mean"] = sum(e.turns for e in episodes) / n
+    for e in episodes:
+        for key, value in e.info.items():
+            if key != "turns":
+                out[key] = out.get(key, 0) + value
+    for reason in ("max_turns", "turn_tokens", "context"):
+        out[f"truncated_{reason}"] = sum(e.truncated == reason for e in episodes)
+    return out

@@ -1,0 +1,119 @@
+"""Tool calls under a time limit: a worker process that is killed when a call runs past it.
+
+A thread cannot be stopped, so a tool stuck in C code (a regex, a big-integer power, a socket)
+would hold the caller forever; a process can be killed. A process start per call would add up
+over thousands of rollouts, so one worker is forked lazily and serves calls over a pipe.
+**Policy at the limit**: the worker is killed, the call answers a timeout outcome
+(the model reads it as the tool's output), and the next call forks a fresh worker. A worker that
+dies mid-call (a segfault, ``os._exit``) is answered the same way, as an error.
+
+The worker is forked once from the process that runs environments; what a tool does (open files,
+import modules) happens in the worker, so a tool cannot change the caller's state either.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Characters of a tool's output kept; the rest is cut and says so (a tool may print megabytes).
+MAX_OUTPUT_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One call's result: ``text`` is what the model reads; ``ok`` is False for any error."""
+
+    ok: bool
+    text: str
+    timed_out: bool = False
+
+
+def as_text(value: Any) -> str:
+    """A tool's return value as the text the model reads (JSON for containers)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict | list | tuple | int | float | bool) or value is None:
+        import json
+
+        try:
+            return json.dumps(value)
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
+def _serve(conn: Any, functions: Sequence[Callable[..., Any]]) -> None:
+    """Worker loop: ``(index, kwargs)`` in, ``(ok, text)`` out, until the pipe closes."""
+    while True:
+        try:
+            index, kwargs = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply = (True, as_text(functions[index](**kwargs)))
+        except Exception as e:  # the tool's own failure is its output, not ours
+            reply = (False, f"{type(e).__name__}: {e}")
+        conn.send(reply)
+
+
+class ToolRunner:
+    """Runs ``functions[i](**kwargs)`` in a worker process with a per-call time limit."""
+
+    def __init__(self, functions: Sequence[Callable[..., Any]], timeout_s: float) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.functions = tuple(functions)
+        self.timeout_s = float(timeout_s)
+        self._lock = threading.Lock()
+        self._proc: Any = None
+        self._conn: Any = None
+        #: Workers started so far (a timeout or a crash starts another); for tests and metrics.
+        self.starts = 0
+        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        self._ctx = mp.get_context(method)
+        atexit.register(self.close)
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=_serve, args=(child, self.functions), daemon=True)
+        proc.start()
+        child.close()
+        self._proc, self._conn = proc, parent
+        self.starts += 1
+
+    def close(self) -> None:
+        """Stop the worker (killed; a tool's call in flight is abandoned)."""
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if conn is not None:
+            conn.close()
+        if proc is not None and proc.is_alive():
+            proc.kill()
+        if proc is not None:
+            proc.join()
+
+    def call(self, index: int, kwargs: dict[str, Any]) -> Outcome:
+        """Run one call; a timeout kills the worker and answers a timed-out error."""
+        with self._lock:
+            if self._proc is None or not self._proc.is_alive():
+                self.close()
+                self._start()
+            try:
+                self._conn.send((index, kwargs))
+                ready = self._conn.poll(self.timeout_s)
+                ok, text = self._conn.recv() if ready else (None, "")
+            except (EOFError, OSError, BrokenPipeError):
+                self.close()
+                return Outcome(False, "the tool's process exited without a result")
+            if ok is None:
+                self.close()
+                return Outcome(False, f"timed out after {self.timeout_s:g} s", timed_out=True)
+        if len(text) > MAX_OUTPUT_CHARS:
+            cut = len(text) - MAX_OUTPUT_CHARS
+            text = f"{text[:MAX_OUTPUT_CHARS]}... [{cut} more characters cut]"
+        return Outcome(bool(ok), text)

@@ -1,0 +1,211 @@
+"""The built-in ``tools`` environment: plain typed Python functions exposed to the policy as tools.
+
+A tool is a module-level function with type hints and a Google-style docstring; its JSON schema
+comes from transformers' ``get_json_schema`` (what ``apply_chat_template(tools=...)`` uses), so
+the schema the model sees is the one a Hermes/Qwen chat template renders.
+
+Tool calls are parsed from the assistant's text in the Hermes/Qwen format those templates teach::
+
+    <tool_call>
+    {"name": "calculator", "arguments": {"expression": "123 + 456"}}
+    </tool_call>
+
+Several calls in one turn run in order. A turn without ``<tool_call>`` ends the episode (the
+final answer goes to the reward stage). Every failure (text that is not JSON, an unknown tool,
+wrong arguments, an exception, a timeout) is answered to the model as that call's tool output
+``error: ...`` and counted: ``tool_calls`` (every attempted call), ``tool_errors`` (failed calls,
+timeouts included) and ``tool_timeouts``.
+
+**Templates without tools.** A chat template that ignores ``tools=`` and has no ``tool`` role
+(e.g. the tiny models' own) gets ``native_tools=False``: the schemas and the call format are
+written into a system message, and each result comes back as a ``user`` message
+``<tool_response>...</tool_response>``. The call format is the same either way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from transformers.utils import get_json_schema
+
+from posttrain.config.user_code import BuilderError, import_callable
+from posttrain.env.base import EnvironmentSpecError, EnvStep, Message
+from posttrain.env.calculator import calculator
+from posttrain.env.runner import Outcome, ToolRunner
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+_CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
+
+#: Default per-call time limit (seconds).
+DEFAULT_TIMEOUT_S = 5.0
+#: Default most tool calls answered per turn; the rest are answered with an error.
+DEFAULT_MAX_CALLS = 4
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function and the JSON schema the chat template shows for it."""
+
+    name: str
+    fn: Callable[..., Any]
+    schema: dict[str, Any]
+
+
+def make_tool(fn: Callable[..., Any], where: str | None = None) -> Tool:
+    """A :class:`Tool` from a typed, documented function (one-line error if it has no schema)."""
+    try:
+        schema = get_json_schema(fn)
+    except Exception as e:  # transformers raises several types for undocumented/untyped args
+        where = where or f"tool {getattr(fn, '__name__', repr(fn))!r}"
+        raise EnvironmentSpecError(
+            f"{where}: no JSON schema from its signature and docstring ({e}); give "
+            "every argument a type hint and an 'Args:' line in a Google-style docstring"
+        ) from None
+    return Tool(name=schema["function"]["name"], fn=fn, schema=schema)
+
+
+def load_tool(spec: str) -> Tool:
+    """The tool named ``"module:function"`` (importable from the working directory)."""
+    try:
+        fn = import_callable(spec, "tool")
+    except BuilderError as e:
+        raise EnvironmentSpecError(str(e)) from None
+    return make_tool(fn, f"tool {spec!r}")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A parsed call; ``error`` is set (and name/arguments may be empty) when it is malformed."""
+
+    name: str
+    arguments: dict[str, Any]
+    error: str | None = None
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """Every ``<tool_call>...</tool_call>`` in ``text``; malformed ones carry their error.
+
+    An opening tag never closed (a turn cut by its token limit) is one malformed call.
+    """
+    calls: list[ToolCall] = []
+    for body in _CALL.findall(text):
+        try:
+            data = json.loads(body)
+        except json.JSONDecodeError as e:
+            calls.append(ToolCall("", {}, f"the call is not valid JSON ({e.msg} at {e.pos})"))
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            calls.append(ToolCall("", {}, 'the call must be {"name": ..., "arguments": {...}}'))
+            continue
+        arguments = data.get("arguments", {})
+        if isinstance(arguments, str):  # OpenAI sends arguments as a JSON string
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                arguments = None
+        if not isinstance(arguments, dict):
+            calls.append(ToolCall(data["name"], {}, "'arguments' must be a JSON object"))
+            continue
+        calls.append(ToolCall(data["name"], arguments))
+    if text.count(CALL_OPEN) > len(calls):
+        calls.append(ToolCall("", {}, f"{CALL_OPEN} without {CALL_CLOSE}"))
+    return calls
+
+
+def fallback_system_prompt(tools: Sequence[Tool]) -> str:
+    """The system message that teaches tools to a template without ``tools`` support."""
+    lines = [
+        "You may call these tools:",
+        *(json.dumps(t.schema["function"]) for t in tools),
+        f'To call one, write {CALL_OPEN}{{"name": <tool name>, "arguments": {{...}}}}{CALL_CLOSE}',
+        f"Results come back as {RESPONSE_OPEN}...{RESPONSE_CLOSE}.",
+    ]
+    return "\n".join(lines)
+
+
+_RUNNERS: dict[tuple[tuple[Callable[..., Any], ...], float], ToolRunner] = {}
+
+
+def shared_runner(tools: tuple[Tool, ...], timeout_s: float) -> ToolRunner:
+    """One worker per tool set and limit, shared by the environments of all trajectories."""
+    key = (tuple(t.fn for t in tools), float(timeout_s))
+    if key not in _RUNNERS:
+        _RUNNERS[key] = ToolRunner(key[0], timeout_s)
+    return _RUNNERS[key]
+
+
+class ToolsEnv:
+    """Answers each assistant turn's tool calls with their results; no call ends the episode."""
+
+    def __init__(
+        self,
+        tools: Sequence[Tool],
+        *,
+        native_tools: bool = True,
+        system: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_calls_per_turn: int = DEFAULT_MAX_CALLS,
+    ) -> None:
+        self.tool_list = tuple(tools)
+        names = [t.name for t in self.tool_list]
+        if len(set(names)) != len(names):
+            raise EnvironmentSpecError(f"tools environment: two tools share a name in {names}")
+        self._index = {t.name: i for i, t in enumerate(self.tool_list)}
+        self.native_tools = native_tools
+        self.system = system
+        self.max_calls_per_turn = max_calls_per_turn
+        self.runner = shared_runner(self.tool_list, timeout_s)
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """Schemas for ``apply_chat_template(tools=...)``; ``[]`` in the fallback."""
+        return [t.schema for t in self.tool_list] if self.native_tools else []
+
+    def reset(self, item: dict[str, Any]) -> list[Message]:
+        system = self.system
+        if not self.native_tools:
+            fallback = fallback_system_prompt(self.tool_list)
+            system = f"{system}\n{fallback}" if system else fallback
+        opening = [{"role": "system", "content": system}] if system else []
+        return [*opening, {"role": "user", "content": str(item["prompt"])}]
+
+    def _run(self, call: ToolCall, index: int) -> Outcome:
+        if call.error is not None:
+            return Outcome(False, call.error)
+        if index >= self.max_calls_per_turn:
+            return Outcome(False, f"more than {self.max_calls_per_turn} tool calls in one turn")
+        if call.name not in self._index:
+            return Outcome(False, f"unknown tool {call.name!r}; tools: {sorted(self._index)}")
+        return self.runner.call(self._index[call.name], call.arguments)
+
+    def _response(self, name: str, outcome: Outcome) -> Message:
+        text = outcome.text if outcome.ok else f"error: {outcome.text}"
+        if self.native_tools:
+            return {"role": "tool", "name": name, "content": text}
+        return {"role": "user", "content": f"{RESPONSE_OPEN}{text}{RESPONSE_CLOSE}"}
+
+    def step(self, messages: list[Message]) -> EnvStep:
+        calls = parse_tool_calls(str(messages[-1].get("content", "")))
+        if not calls:
+            return EnvStep(done=True, info={"tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0})
+        outcomes = [self._run(call, i) for i, call in enumerate(calls)]
+        replies = [self._response(c.name, o) for c, o in zip(calls, outcomes, strict=True)]
+        info = {
+            "tool_calls": len(calls),
+            "tool_errors": sum(not o.ok for o in outcomes),
+            "tool_timeouts": sum(o.timed_out for o in outcomes),
+        }
+        return EnvStep(messages=replies, done=False, info=info)
+
+
+CALCULATOR = make_tool(calculator)
+
+
+def calculator_environment(native_tools: bool = True) -> ToolsEnv:
+    """The built-in ``calculator`` environment (``functools.partial`` it to change the mode)."""
+    return ToolsEnv([CALCULATOR], native_tools=native_tools)
