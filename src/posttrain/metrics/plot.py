@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from posttrain.config.errors import listing
 from posttrain.metrics.sinks import read_metrics
 
 #: The first panels by default (globs; keys no run has are skipped).
@@ -38,7 +39,14 @@ Smoother = Callable[[list[float], list[float]], list[float]]
 
 
 class PlotError(ValueError):
-    """Plot arguments that do not fit the runs (a --metrics glob that matches nothing, ...)."""
+    """Plot arguments that do not fit the runs (a --metrics glob that matches nothing, ...);
+    ``choices`` ends the message with what there is instead, kept whole in the one-line report."""
+
+    def __init__(self, message: str, choices: Iterable[str] | None = None, label: str = "") -> None:
+        self.choices = ""
+        if choices is not None:
+            message, self.choices = listing(message, label, choices)
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -92,8 +100,7 @@ def select_metrics(runs: Sequence[Run], patterns: Sequence[str] = ()) -> list[st
         found = fnmatch.filter(available, pattern)
         if patterns and not found:
             raise PlotError(
-                f"--metrics {pattern!r} matches no key of metrics.jsonl; keys: "
-                + ", ".join(available)
+                f"--metrics {pattern!r} matches no key of metrics.jsonl", available, "keys"
             )
         chosen += [k for k in found if k not in chosen]
     if not patterns:
