@@ -13,6 +13,7 @@ from posttrain.config import from_yaml, load_config
 from posttrain.entrypoints.cli import EXIT_CONFIG_ERROR, build_parser, main, split_argv
 
 SRC = Path(__file__).resolve().parent.parent / "src"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -30,7 +31,9 @@ def test_show_prints_the_resolved_config(capsys):
 
 
 def test_show_prints_warnings_to_stderr(capsys):
-    code, out, err = _run(capsys, "config", "show", "--config", "gspo_qwen3b_gsm8k")
+    data = [f"data.train_path={FIXTURES / 'gsm8k_train.jsonl'}", "data.allow_repeats=true",
+            f"data.val_path={FIXTURES / 'gsm8k_val.jsonl'}"]  # fmt: skip
+    code, out, err = _run(capsys, "config", "show", "--config", "gspo_qwen3b_gsm8k", "--", *data)
     assert code == 0 and from_yaml(out).job.algorithm == "gspo"
     assert err.startswith("warning: model.dtype=bfloat16") and err.count("\n") == 1
 

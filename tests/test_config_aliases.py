@@ -40,8 +40,7 @@ def test_peer_names_suggest_the_posttrain_key(opt, message):
     key = opt.split("=")[0]
     with pytest.raises(UnknownKeyError) as info:
         apply_overrides(PosttrainConfig(), [opt])
-    assert str(info.value) == f"unknown config key '{key}': {message}" or message in str(info.value)
-    assert str(info.value).startswith(f"unknown config key '{key}': did you mean ")
+    assert str(info.value).startswith(f"unknown config key '{key}': {message}")
 
 
 def test_a_recipe_assignment_gets_the_same_suggestion():

@@ -29,12 +29,15 @@ __all__ = ["EXIT_CONFIG_ERROR", "EXIT_RUN_ERROR", "build_parser", "main", "run_g
 
 
 def config_show(args: argparse.Namespace, overrides: list[str]) -> int:
-    """Print the resolved config as YAML (stdout) and preflight warnings (stderr)."""
+    """Print the resolved config as YAML (stdout) and preflight warnings (stderr), after the
+    same config and data checks a run makes before it loads a model."""
     from posttrain.config import load_config, to_yaml
     from posttrain.control import run_preflight
+    from posttrain.control.data_checks import check_data
 
     config = load_config(args.config, ["--", *overrides])
     warnings = run_preflight(config)
+    check_data(config)
     sys.stdout.write(to_yaml(config))
     for message in warnings:
         print(f"warning: {message}", file=sys.stderr)
