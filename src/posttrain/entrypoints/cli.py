@@ -162,7 +162,11 @@ def plot(args: argparse.Namespace, overrides: list[str]) -> int:
     from posttrain.metrics.plot import plot_runs
 
     metrics = [m.strip() for arg in args.metrics or () for m in arg.split(",") if m.strip()]
-    print(plot_runs(args.runs, args.out, metrics=metrics, smooth=args.smooth))
+
+    def note(line: str) -> None:
+        print(f"posttrain plot: {line}", file=sys.stderr)
+
+    print(plot_runs(args.runs, args.out, metrics=metrics, smooth=args.smooth, note=note))
     return 0
 
 
@@ -170,8 +174,10 @@ def _add_plot(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plot",
         help="plot runs' curves (overlaid, with a legend) to PNG",
-        description="Default panels: reward, held-out accuracy, loss, KL, clip fractions, "
-        "response length, then the objective's own train/<namespace>/* metrics.",
+        description="Default panels: reward, held-out accuracy and the other val/* metrics, "
+        "loss, KL, clip fractions, response length, then the objective's own "
+        "train/<namespace>/* metrics; a default series constant over the run is left out "
+        "(and named on stderr).",
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directory (or its metrics.jsonl)")
     p.add_argument(
