@@ -12,8 +12,8 @@ Adding a command is a few lines::
 and appending ``_add_grpo`` to :data:`COMMANDS`.
 
 User errors from any handler print one line to stderr and exit non-zero without a traceback
-(:mod:`posttrain.run.guard`); ``--debug``, before or after the subcommand, shows it. Handlers import what
-they need when they run, so ``posttrain --help`` answers without loading torch.
+(:mod:`posttrain.run.guard`); ``--debug``, before or after the subcommand, shows it. Handlers
+import what they need when they run, so ``posttrain --help`` answers without loading torch.
 """
 
 from __future__ import annotations
@@ -56,12 +56,9 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(handler=config_show)
 
 
-#: The command that trains each objective family (``control.objective_family`` of a config).
-ENTRY_COMMANDS = {"grpo": "posttrain grpo", "opd": "posttrain opd", "dpo": "posttrain dpo"}
-
-
 def recipes_of(entry: str) -> list[tuple[str, str]]:
-    """(name, first docstring line) of the built-in recipes that ``entry`` trains."""
+    """(name, first docstring line) of the built-in recipes that ``posttrain <entry>`` trains
+    (``entry`` is the recipe's ``control.objective_family``)."""
     from posttrain.config.loader import builtin_recipes, load_base, recipe_summary
     from posttrain.control import objective_family
 
@@ -80,7 +77,7 @@ def _recipes_epilog(entry: str) -> str:
         f"built-in {entry} recipes (or a recipe .py file, or a saved config.yaml):\n"
         + "\n".join(lines)
         + "\n\nconfig overrides follow `--` as section.key=value (`section.key=@default` resets one):"
-        f"\n  {ENTRY_COMMANDS[entry]} --config {recipes[0][0]} -- rl.max_steps=200"
+        f"\n  posttrain {entry} --config {recipes[0][0]} -- rl.max_steps=200"
     )
 
 
