@@ -30,6 +30,7 @@ class PeerName:
 PEER_NAMES: tuple[PeerName, ...] = (
     PeerName("job.name", "run_name", "trainer.experiment_name"),
     PeerName("job.output_root", "output_dir", "trainer.default_local_dir"),
+    PeerName("job.seed", "seed"),
     PeerName("model.name_or_path", "model_name_or_path", "actor_rollout_ref.model.path",
              ("model_path", "model_name")),
     PeerName("model.gradient_checkpointing", "gradient_checkpointing",
