@@ -4,6 +4,8 @@ whole choice lists in one-line errors."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,16 @@ def test_the_recipe_list_of_a_missing_recipe_is_whole():
     assert info.value.choices == "built-in recipes: " + ", ".join(builtin_recipes())
     cut = one_line("x" * 5000 + "; " + info.value.choices, limit=100, keep=info.value.choices)
     assert cut.endswith(info.value.choices) and "characters cut" in cut and len(cut) < 300
+
+
+def test_help_lists_recipes_without_loading_torch():
+    code = (
+        "import sys\n"
+        "from posttrain.entrypoints.cli import main\n"
+        "try:\n    main(['grpo', '--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(SRC)}, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "arithmetic_clipped" in proc.stdout

@@ -7,9 +7,9 @@ accuracy and the entry's other validation metrics (every ``val/*`` key: DPO's
 followed by the objective's own metrics (every ``train/<namespace>/<name>`` key, e.g. GRPO's
 ``train/pg/*``), so a new objective's statistics appear without editing this file. A default
 series that is constant over the run (ratios at 1 and clip fractions at 0 with one update per
-batch) is left out and named in a note, except the reward and the headline validation metrics;
-``--metrics`` draws whatever it names. ``--metrics`` takes names or shell-style globs over
-the keys of ``metrics.jsonl``. ``--smooth ema:0.9`` or ``--smooth window:10`` draws a smoothed
+batch) is left out and named in a note, except the reward and the headline validation metrics.
+``--metrics`` takes names or shell-style globs over the keys of ``metrics.jsonl`` and draws
+whatever it names. ``--smooth ema:0.9`` or ``--smooth window:10`` draws a smoothed
 line over the faint raw one.
 """
 
@@ -121,9 +121,9 @@ def choose_panels(
     runs: Sequence[Run], patterns: Sequence[str] = ()
 ) -> tuple[list[str], dict[str, float]]:
     """``(keys to plot, left-out key -> its constant value)``. Explicit ``patterns`` must each
-    match a key of some run and are all drawn; the defaults skip what no run has and what is
-    constant over the runs (but :data:`KEEP_FLAT`, and unless nothing else is left), and end with the objective's own
-    metrics."""
+    match a key of some run and are all drawn. The defaults skip what no run has, end with the
+    objective's own metrics, and leave out what is constant over the runs -- except
+    :data:`KEEP_FLAT`, and unless nothing else would be left."""
     chosen = _matching(runs, patterns)
     if patterns:
         return chosen, {}
