@@ -97,7 +97,9 @@ def test_config_error_inside_a_recipe_propagates_unchanged(tmp_path):
 
 
 def test_missing_config_lists_builtins(tmp_path):
-    with pytest.raises(RecipeError, match="neither a file nor a built-in recipe .*arithmetic"):
+    with pytest.raises(
+        RecipeError, match="neither a file nor a built-in recipe; built-in recipes: arithmetic, "
+    ):
         load_config(tmp_path / "nope.py")
     with pytest.raises(RecipeError, match="expected a .py recipe"):
         load_config(_write(tmp_path, "x", "recipe.txt"))

@@ -145,7 +145,7 @@ def test_arithmetic_recipe_to_jsonl_names_the_keys_and_their_reset(capsys):
     resets = ["data.digits=@default", "data.train_size=@default", "data.val_size=@default"]
     config = load_config("arithmetic", ["--", *JSONL, *resets])
     assert run_preflight(config) == []
-    code, out, err = _show(capsys, *JSONL, *resets)
+    code, out, err = _show(capsys, *JSONL, *resets, "data.prompts_per_step=4")  # 6 train rows
     assert code == 0 and err == "" and "task: jsonl" in out
 
 

@@ -82,3 +82,22 @@ def test_grpo_one_file_update_is_exact_for_any_micro_batch_size():
             )
         chunk_means.append(float(num / weight))
     assert abs(sum(chunk_means) / len(chunk_means) - whole_metrics["loss"]) > 1e-4
+
+
+def test_the_jsonl_user_recipe_checks_and_trains(tmp_path, monkeypatch, capsys):
+    from posttrain.data.tasks import read_gsm8k_jsonl
+    from posttrain.entrypoints.cli import main
+
+    recipe = EXAMPLES / "jsonl_recipe" / "recipe.py"
+    guide = (EXAMPLES.parent / "docs" / "guides" / "config.md").read_text()
+    text = recipe.read_text()
+    assert text[text.index("from pathlib import Path") :] in guide  # the guide shows this file
+    assert len(read_gsm8k_jsonl(recipe.parent / "train.jsonl")) == 12
+    monkeypatch.chdir(tmp_path)  # the recipe finds its data from any working directory
+    assert main(["config", "show", "--config", str(recipe)]) == 0
+    assert "task: jsonl" in capsys.readouterr().out
+    opts = ["rl.max_steps=2", "rl.eval_every=2", "rl.save_every=0", "logging.progress=false"]
+    assert main(["grpo", "--config", str(recipe), "--", *opts]) == 0
+    out = capsys.readouterr().out
+    assert "trained 2 steps" in out and "held-out accuracy" in out and "(4 problems" in out
+    assert (tmp_path / "outputs/grpo/word_problems/metrics.jsonl").is_file()

@@ -10,6 +10,7 @@ from posttrain.metrics.plot import (
     DEFAULT_METRICS,
     PlotError,
     build_figure,
+    choose_panels,
     ema,
     load_runs,
     parse_smoothing,
@@ -48,15 +49,13 @@ def test_default_panels_put_the_researchers_metrics_first_then_the_objectives(tm
         "train/reward_mean",
         "val/accuracy",
         "train/loss",
-        "train/pg/approx_kl_old",
         "train/pg/kl_ref",
         "train/pg/clip_frac_high",
-        "train/pg/clip_frac_low",
         "train/reward_response_length_mean",
         "train/pg/ratio_max",  # the objective's own, found by its namespace
-    ]
+    ]  # approx_kl_old and clip_frac_low are 0 at every step: left out
     assert "train/lr" not in select_metrics(runs)  # neither a default nor namespaced
-    assert len(DEFAULT_METRICS) == 6
+    assert len(DEFAULT_METRICS) == 7
 
 
 def test_metrics_take_names_and_globs_and_reject_what_matches_nothing(tmp_path):
@@ -135,11 +134,11 @@ def test_cli_writes_a_png_whose_size_follows_the_panels(tmp_path, capsys):
     assert main([*argv, "--smooth", "window:2"]) == 0
     assert capsys.readouterr().out.strip() == str(out)
     two_panels = matplotlib.image.imread(out)
-    assert main(["plot", str(a)]) == 0  # defaults: 9 panels in 3 rows, next to the run
-    nine_panels = matplotlib.image.imread(a / "curves.png")
+    assert main(["plot", str(a)]) == 0  # defaults: 7 panels in 3 rows, next to the run
+    seven_panels = matplotlib.image.imread(a / "curves.png")
     assert two_panels.shape[2] == 4 and two_panels.std() > 0  # drawn, not blank
-    assert nine_panels.shape[0] > 2.5 * two_panels.shape[0]
-    assert nine_panels.shape[1] > two_panels.shape[1]
+    assert seven_panels.shape[0] > 2.5 * two_panels.shape[0]
+    assert seven_panels.shape[1] > two_panels.shape[1]
 
 
 def test_cli_user_errors_are_one_line(tmp_path, capsys):
@@ -158,3 +157,54 @@ def test_runs_with_the_same_name_are_told_apart_by_their_parents(tmp_path):
     other = _run(tmp_path / "y", "other")
     assert [r.label for r in load_runs([a / "metrics.jsonl", other])] == ["run", "other"]
     assert plot_runs([a, b], tmp_path / "o.png").is_file()
+
+
+#: A demo-like GRPO run with one update per batch: ratios at 1, clip fractions and the KL to
+#: pi_old at 0 at every step.
+FLAT = {"train/pg/ratio_mean": 1.0, "train/pg/ratio_max": 1.0, "train/pg/clip_frac_low": 0.0,
+        "train/pg/clip_frac_high": 0.0, "train/pg/approx_kl_old": 0.0}  # fmt: skip
+
+
+def _rows(root, name, rows):
+    sink = open_sinks(root / name)
+    for step, record in rows:
+        sink.write(step, record)
+    sink.close()
+    return root / name
+
+
+def test_default_panels_leave_out_constant_series_and_say_which(tmp_path, capsys):
+    rows = [(s, {"train/reward_mean": 0.1 * s, "train/loss": 1.0 / s, **FLAT}) for s in (1, 2, 3)]
+    run = _rows(tmp_path, "a", [(0, {"val/accuracy": 0.0}), *rows, (3, {"val/accuracy": 0.0})])
+    keys, left_out = choose_panels(load_runs([run]))
+    assert keys == ["train/reward_mean", "val/accuracy", "train/loss"]  # flat accuracy: a result
+    assert left_out == FLAT
+    assert main(["plot", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("posttrain plot: left out 5 series constant over the run (")
+    assert "train/pg/ratio_mean=1)" in err and "train/pg/clip_frac_low=0," in err
+    assert err.count("\n") == 1 and "name them with --metrics" in err
+    # named explicitly, a flat series is drawn
+    assert select_metrics(load_runs([run]), ["train/pg/ratio_*"]) == [
+        "train/pg/ratio_max", "train/pg/ratio_mean"
+    ]  # fmt: skip
+
+
+def test_a_series_constant_in_one_run_but_not_across_runs_is_kept(tmp_path):
+    a = _rows(tmp_path, "a", [(s, {"train/loss": 1.0, "train/pg/ratio_mean": 1.0}) for s in (1, 2)])
+    b = _rows(tmp_path, "b", [(s, {"train/loss": 2.0, "train/pg/ratio_mean": 1.0}) for s in (1, 2)])
+    assert choose_panels(load_runs([a, b])) == (["train/loss"], {"train/pg/ratio_mean": 1.0})
+
+
+def test_single_points_and_all_flat_runs_still_plot(tmp_path):
+    one = _rows(tmp_path, "one", [(1, {"train/loss": 1.0, **FLAT})])
+    assert choose_panels(load_runs([one]))[1] == {}  # one point is not "constant over the run"
+    flat = _rows(tmp_path, "flat", [(s, {"train/loss": 1.0}) for s in (1, 2)])
+    assert choose_panels(load_runs([flat])) == (["train/loss"], {})  # nothing else to draw
+
+
+def test_dpo_panels_include_its_validation_metrics(tmp_path):
+    rows = [(s, {"train/loss": 0.7 - 0.01 * s, "train/grad_norm": s}) for s in (1, 2, 3)]
+    evals = [(s, {"val/scorer_mean": 0.3 + 0.1 * s, "val/validity": 0.9}) for s in (0, 3)]
+    run = _rows(tmp_path, "dpo", [evals[0], *rows, evals[1]])
+    assert select_metrics(load_runs([run])) == ["val/scorer_mean", "val/validity", "train/loss"]

@@ -2,6 +2,7 @@ import argparse
 
 import torch
 
+from posttrain.entrypoints.cli import main as posttrain_main
 from posttrain.model.cli import add_subcommands, dispatch, main
 from posttrain.model.loading import load_policy
 
@@ -25,6 +26,11 @@ def test_subcommands_attach_to_another_parser(tmp_path):
 
 def test_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert main(["import-gguf", "--out", str(tmp_path), "--gguf", str(tmp_path / "no.gguf")]) == 2
-    assert capsys.readouterr().err.strip().startswith("error: GGUF file")
-    assert main(["tiny", "--preset", "huge", "--out", str(tmp_path)]) == 2
-    assert "unknown tiny-model preset 'huge'; choose one of" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("posttrain: error: GGUF file") and err.count("\n") == 1
+    assert posttrain_main(["model", "tiny", "--preset", "huge", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "posttrain: error: unknown tiny-model preset 'huge'; choose one of "
+        "['arith', 'small', 'tiny']\n"
+    )

@@ -40,7 +40,8 @@ def jsonl(tmp: Path, model: Path, rows: bytes) -> list[str]:
     path.write_bytes(rows)
     d = DataConfig()  # the arithmetic recipe's knobs back to defaults: jsonl reads none of them
     return cli(tmp, model, "data.task=jsonl", f"data.train_path={path}", f"data.digits={d.digits}",
-               f"data.train_size={d.train_size}", f"data.val_size={d.val_size}")  # fmt: skip
+               f"data.train_size={d.train_size}", f"data.val_size={d.val_size}",
+               "data.allow_repeats=true")  # one-row files: 2 prompts per step repeat it  # fmt: skip
 
 
 def one_error(capsys, argv: list[str], code: int = 1) -> str:

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from posttrain.config.aliases import peer_key
 from posttrain.config.errors import ConfigError, ConfigValueError, UnknownKeyError
 from posttrain.config.migration import retired_error
 
@@ -24,11 +25,16 @@ def suggest(key: str, candidates: Iterable[str]) -> str | None:
 
 
 def unknown_key_error(key: str, candidates: Iterable[str], value: Any = None) -> ConfigError:
-    """Retired-key migration when ``key`` is retired, else an unknown-key error with a hint."""
+    """Retired-key migration when ``key`` is retired, else an unknown-key error with a hint:
+    the posttrain key a TRL/verl name means (:mod:`posttrain.config.aliases`), else the nearest
+    candidate."""
     retired = retired_error(key, value)
     if retired is not None:
         return retired
     candidates = list(candidates)
+    peer = peer_key(key)
+    if peer is not None:
+        return UnknownKeyError(f"unknown config key '{key}': did you mean {peer[0]}? ({peer[1]})")
     near = suggest(key, candidates)
     if near is not None:
         return UnknownKeyError(f"unknown config key '{key}': did you mean {near}?")

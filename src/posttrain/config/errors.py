@@ -6,11 +6,30 @@ Every user mistake in a config (bad value, unknown key, retired key, preflight v
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+
+def listing(message: str, label: str, choices: Iterable[str]) -> tuple[str, str]:
+    """``(message + "; label: a, b, c", "label: a, b, c")``: a message that ends with the valid
+    choices, and that closing list, which the one-line report keeps whole however long
+    (``run.guard.one_line`` cuts only the text before it). An error stores the list as its
+    ``choices`` attribute."""
+    tail = f"{label}: " + ", ".join(choices)
+    return f"{message}; {tail}", tail
+
 
 class ConfigError(ValueError):
-    """A configuration problem the user must fix; ``str()`` is one line that names the key."""
+    """A configuration problem the user must fix; ``str()`` is one line that names the key.
 
-    def __init__(self, message: str) -> None:
+    ``choices`` (with ``label``) ends the message with the valid values, kept whole in reports.
+    """
+
+    def __init__(
+        self, message: str, choices: Iterable[str] | None = None, label: str = "choose one of"
+    ) -> None:
+        self.choices = ""
+        if choices is not None:
+            message, self.choices = listing(message, label, choices)
         super().__init__(" ".join(message.split()))
 
 

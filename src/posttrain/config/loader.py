@@ -8,6 +8,7 @@ same path and override list as the driver, so everything that defines a run must
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import sys
@@ -28,7 +29,13 @@ BUILTIN_RECIPES = Path(__file__).resolve().parent.parent / "configs"
 
 def builtin_recipes() -> list[str]:
     """Names of the recipes shipped in ``posttrain/configs``."""
-    return sorted(p.stem for p in BUILTIN_RECIPES.glob("*.py") if p.stem != "__init__")
+    return sorted(p.stem for p in BUILTIN_RECIPES.glob("*.py") if not p.stem.startswith("_"))
+
+
+def recipe_summary(name: str) -> str:
+    """The first line of built-in recipe ``name``'s docstring, read without importing it."""
+    doc = ast.get_docstring(ast.parse((BUILTIN_RECIPES / f"{name}.py").read_text())) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
 def resolve_recipe_path(config_path: str | Path) -> Path:
@@ -40,8 +47,9 @@ def resolve_recipe_path(config_path: str | Path) -> Path:
     if path.suffix == "" and builtin.is_file():
         return builtin
     raise RecipeError(
-        f"config {str(config_path)!r} is neither a file nor a built-in recipe "
-        f"({', '.join(builtin_recipes())})"
+        f"config {str(config_path)!r} is neither a file nor a built-in recipe",
+        builtin_recipes(),
+        "built-in recipes",
     )
 
 

@@ -175,6 +175,11 @@ class DataConfig(Section):
     prompts_per_step: int = Field(
         8, ge=1, description="Prompts per optimizer step; each is sampled `rollout.n` times."
     )
+    allow_repeats: bool = Field(
+        False,
+        description="Allow `data.prompts_per_step` above the number of distinct train prompts "
+        "(every step then samples some prompts more than once); refused otherwise.",
+    )
     prompt_template: Literal["plain", "chat"] = Field(
         "plain",
         description="`plain` feeds the question text as is; `chat` applies the tokenizer's "

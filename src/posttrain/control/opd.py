@@ -13,17 +13,30 @@ from typing import Literal
 from posttrain.config.schema import PosttrainConfig
 from posttrain.control.rules import PreflightError, are, changed, error, objective_family
 
-Entry = Literal["grpo", "opd"]
+Entry = Literal["grpo", "opd", "dpo"]
+
+#: What each objective family is, for the message that sends a recipe to its own entry.
+_FAMILY_NAMES = {
+    "grpo": "a GRPO-family algorithm (online RL)",
+    "opd": "on-policy distillation",
+    "dpo": "Diffusion DPO (offline, on preference pairs)",
+}
 
 
 def check_entry(cfg: PosttrainConfig, entry: Entry) -> None:
     """Refuse a config whose ``job.algorithm`` belongs to another entry (one line, names it).
 
     ``posttrain grpo`` with ``job.algorithm=opd`` would train GRPO while the run directory and
-    config claim OPD; the OPD entry likewise never runs a GRPO-family label. The OPD entry pins
+    config claim OPD; the OPD entry likewise never runs a GRPO-family label, and a DPO recipe
+    runs only under ``posttrain dpo`` (and it only under that). The OPD entry pins
     ``job.algorithm=opd``, so it also refuses another OPD label rather than rewrite it.
     """
     family, label = objective_family(cfg), cfg.job.algorithm
+    if "dpo" in (entry, family) and family != entry:
+        raise PreflightError([
+            f"job.algorithm={label} is {_FAMILY_NAMES[family]}, which `posttrain {entry}` does "
+            f"not train; run `posttrain {family} --config ...`"
+        ])  # fmt: skip
     if entry == "grpo" and family == "opd":
         raise PreflightError([
             f"job.algorithm={label} is on-policy distillation, which `posttrain grpo` does not "

@@ -12,30 +12,32 @@ Adding a command is a few lines::
 and appending ``_add_grpo`` to :data:`COMMANDS`.
 
 User errors from any handler print one line to stderr and exit non-zero without a traceback
-(:mod:`posttrain.run.guard`); ``posttrain --debug ...`` shows it. Handlers import what
-they need when they run, so ``posttrain --help`` answers without loading torch.
+(:mod:`posttrain.run.guard`); ``--debug``, before or after the subcommand, shows it. Handlers
+import what they need when they run, so ``posttrain --help`` answers without loading torch.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
 from collections.abc import Callable, Sequence
-from importlib import resources
 
+from posttrain import __version__
 from posttrain.run.guard import EXIT_CONFIG_ERROR, EXIT_RUN_ERROR, run_guarded
 
 __all__ = ["EXIT_CONFIG_ERROR", "EXIT_RUN_ERROR", "build_parser", "main", "run_guarded"]
 
 
 def config_show(args: argparse.Namespace, overrides: list[str]) -> int:
-    """Print the resolved config as YAML (stdout) and preflight warnings (stderr)."""
+    """Print the resolved config as YAML (stdout) and preflight warnings (stderr), after the
+    same config and data checks a run makes before it loads a model."""
     from posttrain.config import load_config, to_yaml
     from posttrain.control import run_preflight
+    from posttrain.control.data_checks import check_data
 
     config = load_config(args.config, ["--", *overrides])
     warnings = run_preflight(config)
+    check_data(config)
     sys.stdout.write(to_yaml(config))
     for message in warnings:
         print(f"warning: {message}", file=sys.stderr)
@@ -54,23 +56,28 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(handler=config_show)
 
 
-def builtin_recipes() -> list[tuple[str, str]]:
-    """(name, first docstring line) of the shipped recipes, read without importing them."""
-    out = []
-    for entry in sorted(resources.files("posttrain.configs").iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".py") and not entry.name.startswith("_"):
-            doc = ast.get_docstring(ast.parse(entry.read_text())) or ""
-            out.append((entry.name[:-3], doc.strip().splitlines()[0] if doc else ""))
-    return out
+def recipes_of(entry: str) -> list[tuple[str, str]]:
+    """(name, first docstring line) of the built-in recipes that ``posttrain <entry>`` trains
+    (``entry`` is the recipe's ``control.objective_family``)."""
+    from posttrain.config.loader import builtin_recipes, load_base, recipe_summary
+    from posttrain.control import objective_family
+
+    return [
+        (name, recipe_summary(name))
+        for name in builtin_recipes()
+        if objective_family(load_base(name)) == entry
+    ]
 
 
-def _recipes_epilog() -> str:
-    lines = [f"  {name:24s} {doc}" for name, doc in builtin_recipes()]
+def _recipes_epilog(entry: str) -> str:
+    """The help text after an entry's arguments: its recipes (built when help is printed)."""
+    recipes = recipes_of(entry)
+    lines = [f"  {name:24s} {doc}" for name, doc in recipes]
     return (
-        "built-in recipes (or a recipe .py file, or a saved config.yaml):\n"
+        f"built-in {entry} recipes (or a recipe .py file, or a saved config.yaml):\n"
         + "\n".join(lines)
         + "\n\nconfig overrides follow `--` as section.key=value (`section.key=@default` resets one):"
-        "\n  posttrain grpo --config arithmetic_clipped -- rl.max_steps=200 rl.lr=3e-3"
+        f"\n  posttrain {entry} --config {recipes[0][0]} -- rl.max_steps=200"
     )
 
 
@@ -97,12 +104,10 @@ def _train_online(entry: str) -> Callable[[argparse.Namespace, list[str]], int]:
 
 def _add_online(sub: argparse._SubParsersAction, entry: str, help: str, description: str):
     p = sub.add_parser(
-        entry,
-        help=help,
-        description=description,
-        epilog=_recipes_epilog(),
+        entry, help=help, description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    )  # fmt: skip
+    p.epilog_of = lambda: _recipes_epilog(entry)
     _add_config_argument(p)
     p.add_argument(
         "--objective",
@@ -139,7 +144,13 @@ def dpo(args: argparse.Namespace, overrides: list[str]) -> int:
 def _add_dpo(sub: argparse._SubParsersAction) -> None:
     from posttrain.entrypoints.dpo_cli import add_arguments
 
-    p = sub.add_parser("dpo", help="Diffusion DPO on preference pairs; tools: pretrain, make-pairs")
+    p = sub.add_parser(
+        "dpo", help="Diffusion DPO on preference pairs; tools: pretrain, make-pairs",
+        description="Offline Diffusion DPO on a pairs manifest (dpo.pairs_path), or one of its "
+        "tools: pretrain a base model, make preference pairs from it.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    p.epilog_of = lambda: _recipes_epilog("dpo")
     add_arguments(p)
     p.set_defaults(handler=dpo)
 
@@ -148,7 +159,11 @@ def plot(args: argparse.Namespace, overrides: list[str]) -> int:
     from posttrain.metrics.plot import plot_runs
 
     metrics = [m.strip() for arg in args.metrics or () for m in arg.split(",") if m.strip()]
-    print(plot_runs(args.runs, args.out, metrics=metrics, smooth=args.smooth))
+
+    def note(line: str) -> None:
+        print(f"posttrain plot: {line}", file=sys.stderr)
+
+    print(plot_runs(args.runs, args.out, metrics=metrics, smooth=args.smooth, note=note))
     return 0
 
 
@@ -156,8 +171,10 @@ def _add_plot(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plot",
         help="plot runs' curves (overlaid, with a legend) to PNG",
-        description="Default panels: reward, held-out accuracy, loss, KL, clip fractions, "
-        "response length, then the objective's own train/<namespace>/* metrics.",
+        description="Default panels: reward, held-out accuracy and the other val/* metrics, "
+        "loss, KL, clip fractions, response length, then the objective's own "
+        "train/<namespace>/* metrics; a default series constant over the run is left out "
+        "(and named on stderr).",
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directory (or its metrics.jsonl)")
     p.add_argument(
@@ -198,7 +215,21 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, plus a hint when config overrides were given without the `--` before them."""
+    """argparse, plus ``--debug`` on every (sub)command, a help epilog built only when help is
+    printed (``epilog_of``: listing recipes loads them), and a hint when config overrides were
+    given without the `--` before them."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.epilog_of: Callable[[], str] | None = None
+        # SUPPRESS: a subcommand's flag is set only when given, so it never resets the top one
+        self.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                          help="show the traceback of a user error (or set POSTTRAIN_DEBUG=1)")  # fmt: skip
+
+    def format_help(self) -> str:
+        if self.epilog_of is not None:
+            self.epilog = self.epilog_of()
+        return super().format_help()
 
     def error(self, message: str):
         if message.startswith("unrecognized arguments") and any(
@@ -217,8 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="RL post-training. Config overrides follow `--` as section.key=value.",
         epilog="example: posttrain config show --config arithmetic -- rl.max_steps=10",
     )
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of a user error (or set POSTTRAIN_DEBUG=1)")  # fmt: skip
+    parser.set_defaults(debug=False)
+    parser.add_argument("--version", action="version", version=f"posttrain {__version__}")
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )

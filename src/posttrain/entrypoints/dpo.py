@@ -30,8 +30,9 @@ from posttrain.algorithm.dpo import (
     make_denoising_objective,
     make_dpo_objective,
 )
-from posttrain.config import ConfigError, PosttrainConfig, load_config, to_dict
-from posttrain.control import objective_family, run_preflight
+from posttrain.config import PosttrainConfig, load_config, to_dict
+from posttrain.control import run_preflight
+from posttrain.control.opd import check_entry
 from posttrain.data import shapes
 from posttrain.data.images import PairBatch, step_seeds
 from posttrain.data.pairs import load_pairs, write_grid
@@ -104,11 +105,7 @@ def run(
 
     resolved = load_config(config_path, ["--", *opts])
     refuse_driver_edits(config, resolved)
-    if objective_family(resolved) != "dpo":
-        raise ConfigError(
-            f"posttrain dpo needs job.algorithm to start with 'dpo', got "
-            f"{resolved.job.algorithm!r}; set job.algorithm=dpo"
-        )
+    check_entry(resolved, "dpo")  # a GRPO or OPD recipe belongs to its own entry
     for message in run_preflight(resolved):
         log.warning("preflight: %s", message)
     unet_cfg = unet_config(resolved.model.name_or_path)

@@ -26,8 +26,9 @@ from typing import Any
 from posttrain.config import ConfigError, PosttrainConfig, load_config, to_dict
 from posttrain.config.user_code import check_builder
 from posttrain.control import run_preflight
+from posttrain.control.data_checks import load_tasks
 from posttrain.control.input_checks import check_inputs
-from posttrain.data.tasks import TaskItem, TaskSource, make_task_source
+from posttrain.data.tasks import TaskItem, TaskSource
 from posttrain.metrics import open_sinks
 from posttrain.model.loading import load_tokenizer
 from posttrain.model.tiny import build_tiny_model
@@ -81,13 +82,8 @@ def run(
 
 
 def build_tasks(config: PosttrainConfig) -> TaskSource:
-    d = config.data
-    return make_task_source(
-        d.task, seed=config.job.seed, digits=d.digits, operators=d.operators,
-        train_size=d.train_size, val_size=d.val_size, train_path=d.train_path,
-        val_path=d.val_path, reasoning_gym_dataset=d.reasoning_gym_dataset,
-        reasoning_gym_options=d.reasoning_gym_options,
-    )  # fmt: skip
+    """The checked task source (``control.data_checks``: files, rows, enough distinct prompts)."""
+    return load_tasks(config)
 
 
 def ensure_model(config: PosttrainConfig) -> None:

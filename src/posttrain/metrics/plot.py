@@ -2,10 +2,14 @@
 overlaid with a legend.
 
 Without ``--metrics`` the panels are what a researcher looks at first -- reward, held-out
-accuracy, loss, KL, clip fractions, response length -- followed by the objective's own metrics
-(every ``train/<namespace>/<name>`` key, e.g. GRPO's ``train/pg/*``), so a new objective's
-statistics appear without editing this file. ``--metrics`` takes names or shell-style globs over
-the keys of ``metrics.jsonl``. ``--smooth ema:0.9`` or ``--smooth window:10`` draws a smoothed
+accuracy and the entry's other validation metrics (every ``val/*`` key: DPO's
+``val/scorer_mean`` and ``val/validity``), loss, KL, clip fractions, response length --
+followed by the objective's own metrics (every ``train/<namespace>/<name>`` key, e.g. GRPO's
+``train/pg/*``), so a new objective's statistics appear without editing this file. A default
+series that is constant over the run (ratios at 1 and clip fractions at 0 with one update per
+batch) is left out and named in a note, except the reward and the headline validation metrics.
+``--metrics`` takes names or shell-style globs over the keys of ``metrics.jsonl`` and draws
+whatever it names. ``--smooth ema:0.9`` or ``--smooth window:10`` draws a smoothed
 line over the faint raw one.
 """
 
@@ -13,21 +17,32 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from posttrain.config.errors import listing
 from posttrain.metrics.sinks import read_metrics
 
 #: The first panels by default (globs; keys no run has are skipped).
 DEFAULT_METRICS: tuple[str, ...] = (
     "train/reward_mean",
     "val/accuracy",
+    "val/*",
     "train/loss",
     "train/*kl*",
     "train/*clip_frac*",
     "train/reward_response_length_mean",
+)
+#: Default panels drawn even when flat, the numbers each entry is judged by (held-out accuracy
+#: online; DPO's scorer mean and validity): one stuck at 0 is a result, while a ratio at 1 with
+#: one update per batch is a property of the setup.
+KEEP_FLAT: tuple[str, ...] = (
+    "train/reward_mean",
+    "val/accuracy",
+    "val/scorer_mean",
+    "val/validity",
 )
 #: The objective's own metrics, shown after the defaults: ``train/<namespace>/<name>``.
 OBJECTIVE_METRICS = "train/*/*"
@@ -38,7 +53,14 @@ Smoother = Callable[[list[float], list[float]], list[float]]
 
 
 class PlotError(ValueError):
-    """Plot arguments that do not fit the runs (a --metrics glob that matches nothing, ...)."""
+    """Plot arguments that do not fit the runs (a --metrics glob that matches nothing, ...);
+    ``choices`` ends the message with what there is instead, kept whole in the one-line report."""
+
+    def __init__(self, message: str, choices: Iterable[str] | None = None, label: str = "") -> None:
+        self.choices = ""
+        if choices is not None:
+            message, self.choices = listing(message, label, choices)
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -84,16 +106,45 @@ def short_labels(dirs: Sequence[Path]) -> list[str]:
 
 
 def select_metrics(runs: Sequence[Run], patterns: Sequence[str] = ()) -> list[str]:
-    """The keys to plot, in pattern order. Explicit ``patterns`` must each match a key of some
-    run; the defaults skip what no run has and end with the objective's own metrics."""
+    """The keys to plot, in pattern order (:func:`choose_panels` without the left-out keys)."""
+    return choose_panels(runs, patterns)[0]
+
+
+def constant_value(runs: Sequence[Run], key: str) -> float | None:
+    """The one value ``key`` takes at every point of every run, when it has at least two points
+    and never changes; else None."""
+    values = [v for run in runs for v in run.series(key)[1]]
+    return values[0] if len(values) >= 2 and len(set(values)) == 1 else None
+
+
+def choose_panels(
+    runs: Sequence[Run], patterns: Sequence[str] = ()
+) -> tuple[list[str], dict[str, float]]:
+    """``(keys to plot, left-out key -> its constant value)``. Explicit ``patterns`` must each
+    match a key of some run and are all drawn. The defaults skip what no run has, end with the
+    objective's own metrics, and leave out what is constant over the runs -- except
+    :data:`KEEP_FLAT`, and unless nothing else would be left."""
+    chosen = _matching(runs, patterns)
+    if patterns:
+        return chosen, {}
+    constant = {
+        k: v
+        for k in chosen
+        if not any(fnmatch.fnmatch(k, p) for p in KEEP_FLAT)
+        and (v := constant_value(runs, k)) is not None
+    }
+    varying = [k for k in chosen if k not in constant]
+    return (varying, constant) if varying else (chosen, {})
+
+
+def _matching(runs: Sequence[Run], patterns: Sequence[str]) -> list[str]:
     available = sorted(set().union(*(r.keys() for r in runs)))
     chosen: list[str] = []
     for pattern in patterns or DEFAULT_METRICS:
         found = fnmatch.filter(available, pattern)
         if patterns and not found:
             raise PlotError(
-                f"--metrics {pattern!r} matches no key of metrics.jsonl; keys: "
-                + ", ".join(available)
+                f"--metrics {pattern!r} matches no key of metrics.jsonl", available, "keys"
             )
         chosen += [k for k in found if k not in chosen]
     if not patterns:
@@ -180,12 +231,18 @@ def plot_runs(
     out: str | Path | None = None,
     metrics: Sequence[str] = (),
     smooth: str | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> Path:
     """Render the runs at ``paths`` to a PNG and return its path: ``out``, else
-    ``RUN/curves.png`` for one run and ``./curves.png`` for several."""
+    ``RUN/curves.png`` for one run and ``./curves.png`` for several. ``note`` receives one line
+    naming the constant series the default panels left out."""
     smoother = parse_smoothing(smooth) if smooth else None
     runs = load_runs(paths)
-    keys = select_metrics(runs, metrics)
+    keys, constant = choose_panels(runs, metrics)
+    if constant and note is not None:
+        flat = ", ".join(f"{k}={v:g}" for k, v in constant.items())
+        note(f"left out {len(constant)} series constant over the run ({flat}); name them with "
+             "--metrics to draw them")  # fmt: skip
     if out is None:
         out = (metrics_file(paths[0]).parent if len(paths) == 1 else Path(".")) / "curves.png"
     dest = Path(out)

@@ -7,7 +7,6 @@ subcommands to its own parser with ``add_subcommands`` and calls ``dispatch(args
 from __future__ import annotations
 
 import argparse
-import sys
 
 _HANDLER = "_posttrain_model_handler"
 
@@ -51,18 +50,24 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    """Run the subcommand parsed by a parser that ``add_subcommands`` extended."""
+    """Run the subcommand parsed by a parser that ``add_subcommands`` extended. A bad argument
+    (a ``ValueError`` from the builders: unknown preset, missing GGUF file) is a user error: the
+    caller's guard reports it in one line and exits 2."""
+    from posttrain.config import ConfigError
+
     try:
         return getattr(args, _HANDLER)(args)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise ConfigError(str(e)) from e
 
 
 def main(argv: list[str] | None = None) -> int:
+    from posttrain.run.guard import run_guarded
+
     parser = argparse.ArgumentParser(prog="posttrain model", description=__doc__.split("\n")[0])
     add_subcommands(parser.add_subparsers(dest="model_command", required=True))
-    return dispatch(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    return run_guarded(lambda: dispatch(args))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ EXIT_CONFIG_ERROR = 2
 EXIT_RUN_ERROR = 1
 #: The environment variable that, set to 1, shows tracebacks of user errors (like ``--debug``).
 DEBUG_ENV = "POSTTRAIN_DEBUG"
-#: A message is cut to this many characters: a 5 MB bad value is not echoed whole.
+#: A message is cut to this many characters (a 5 MB bad value is not echoed whole), except the
+#: list of choices an error ends with (its ``choices`` attribute), which is always kept whole.
 MAX_MESSAGE = 600
 
 _OS_ADVICE = {
@@ -57,10 +58,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
     )  # fmt: skip
 
 
-def one_line(message: str, limit: int = MAX_MESSAGE) -> str:
+def one_line(message: str, limit: int = MAX_MESSAGE, keep: str = "") -> str:
     """``message`` on one line; past ``limit`` characters its middle is cut (the start names
-    what failed, the end says what to do), and the cut length is said."""
-    flat = " ".join(message.split())
+    what failed, the end says what to do), and the cut length is said. A closing ``keep`` (the
+    list of choices an error offers) is never cut: the limit applies to the text before it."""
+    flat, kept = " ".join(message.split()), " ".join(keep.split())
+    if kept and flat.endswith(kept):
+        return one_line(flat[: len(flat) - len(kept)], limit) + kept
     if len(flat) <= limit:
         return flat
     head, tail = limit * 2 // 3, limit // 3
@@ -120,5 +124,8 @@ def _warning_line(message, category, filename, lineno, line=None) -> str:
 def _report(error: BaseException, message: str, code: int, debug: bool) -> int:
     if debug:
         traceback.print_exception(error, file=sys.stderr)
-    print(one_line(message), file=sys.stderr, flush=True)
+    keep = getattr(error, "choices", "")
+    print(
+        one_line(message, keep=keep if isinstance(keep, str) else ""), file=sys.stderr, flush=True
+    )
     return code

@@ -56,6 +56,10 @@ class TaskSource:
         """Number of train items (one epoch)."""
         return len(self._train)
 
+    def distinct_prompts(self) -> int:
+        """How many different prompts the train split holds (a file may repeat a question)."""
+        return len({item.prompt for item in self._train})
+
     def val_items(self) -> list[TaskItem]:
         """The held-out split, in a fixed order."""
         return list(self._val)
