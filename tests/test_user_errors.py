@@ -158,3 +158,18 @@ def test_long_prompts_are_cut_when_the_config_says_so(tmp_path, models, mode, ke
     tasks = check_inputs(config, build_tasks(config))
     assert tasks.item_at(0, 0).prompt == kept  # 61 tokens: <bos> and 60 characters
     assert "1 prompts were longer than the 61 tokens" in caplog.text
+
+
+def test_failing_environment_is_one_line(capsys):
+    """An environment that fails on an item is the user's error: one line, exit 1."""
+    from posttrain.env.base import EnvironmentFailedError
+    from posttrain.run.guard import EXIT_RUN_ERROR, run_guarded
+
+    def fail() -> int:
+        raise EnvironmentFailedError("environment 'mine:make' failed on item 3, turn 2: bad")
+
+    assert run_guarded(fail) == EXIT_RUN_ERROR
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "posttrain: error: EnvironmentFailedError: environment 'mine:make' failed on item 3, turn 2: bad"
+    ]

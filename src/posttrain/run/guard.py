@@ -44,6 +44,7 @@ _OS_ADVICE = {
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input a user controls: reported in one line, never with a traceback."""
     from posttrain.data.tasks import TaskDataError
+    from posttrain.env.base import EnvironmentFailedError
     from posttrain.metrics.plot import PlotError
     from posttrain.metrics.sinks import MetricsFileError
     from posttrain.model.errors import ModelLoadError
@@ -54,7 +55,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
     return (
         RewardError, TaskDataError, TrainerError, RoleFailedError, ModelLoadError,
-        MetricsFileError, PlotError, RunLockedError, OSError,
+        MetricsFileError, PlotError, RunLockedError, EnvironmentFailedError, OSError,
     )  # fmt: skip
 
 
