@@ -92,10 +92,11 @@ def admit(config: PosttrainConfig, run_dir: Path) -> Admission:
         if mode != "off":
             _refuse_other_run(run_dir, records, current)
         aside = move_aside(run_dir, records)
+        why = "rl.resume=off" if mode == "off" else "no checkpoint of this config"
         log.warning(
-            "%s held the records of an earlier run of this config but no checkpoint: starting "
-            "from step 0, the old records (%s) moved to %s",
-            run_dir, ", ".join(records), aside,
+            "%s held records of an earlier run but %s: starting from step 0, the old records "
+            "(%s) moved to %s",
+            run_dir, why, ", ".join(records), aside,
         )  # fmt: skip
     return Admission()
 

@@ -25,7 +25,7 @@ from posttrain.config import PosttrainConfig, load_config, to_dict
 from posttrain.config.overrides import apply_overrides
 from posttrain.control import run_preflight
 from posttrain.metrics import open_sinks
-from posttrain.run.admission import Admission, admit, record_inputs
+from posttrain.run.admission import admit, record_inputs
 from posttrain.run.lock import RunLock, prepare_run_dir
 from posttrain.run.progress import Progress
 from posttrain.run.records import default_out_dir, refuse_driver_edits, write_resolved_config
@@ -185,4 +185,4 @@ def report_lines(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["Admission", "EntrySpec", "LoopBody", "Placed", "RunSession", "report_lines"]
+__all__ = ["EntrySpec", "LoopBody", "Placed", "RunSession", "report_lines"]
