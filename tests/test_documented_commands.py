@@ -209,6 +209,9 @@ def test_every_documented_command_runs_in_the_order_written(tmp_path, capsys):
         outcomes.append(f"{'ok  ' if ok else 'FAIL'} {where} {command}{how} -> exit {code}: {last}")
         if not ok:
             failed.append(f"{where}: `{command}` exited {code}:\n{output[-3000:]}")
+    for name, module in list(sys.modules.items()):  # the readers' own modules stay here
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
     with capsys.disabled():
         print("\n" + "\n".join(outcomes))
     assert not failed, "\n\n".join(failed)

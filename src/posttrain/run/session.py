@@ -113,12 +113,13 @@ class RunSession:
                 state = placed.policy.resume()
                 if state is not None:
                     log.info("resuming from step %d (checkpoint %s)", state.step, state.path)
+                steps = body(placed, state, run_dir)  # may refuse the resumed state too
                 # Written only once resume has accepted this config: a refused run leaves the
                 # old record intact.
                 write_resolved_config(self.config, run_dir)
                 if state is None:
                     record_inputs(self.config, run_dir)
-                return self._steps(placed, state, body(placed, state, run_dir), run_dir)
+                return self._steps(placed, state, steps, run_dir)
             finally:
                 placed.close()
 
