@@ -14,6 +14,7 @@ from posttrain.config import (
     UnknownKeyError,
     all_keys,
 )
+from posttrain.run.records import default_out_dir
 
 
 def test_defaults_build_and_every_field_is_documented():
@@ -162,4 +163,4 @@ def test_default_of_and_is_default():
 def test_run_dir_separates_algorithm_and_name():
     cfg = PosttrainConfig()
     cfg.job.output_root, cfg.job.algorithm, cfg.job.name = "out", "gspo", "run1"
-    assert str(cfg.run_dir()) == "out/gspo/run1"
+    assert str(default_out_dir(cfg)) == "out/gspo/run1"

@@ -217,3 +217,59 @@ def test_kill_9_then_resume_is_bit_exact(base):
 
 def _load_pt(path: Path):
     return torch.load(path, weights_only=True)
+
+
+@pytest.mark.parametrize(
+    ("signum", "save_on_signal", "code"),
+    [(signal.SIGTERM, True, 143), (signal.SIGINT, False, 130)],
+)
+def test_a_signal_finishes_the_step_saves_and_resumes(base, signum, save_on_signal, code):
+    """SIGTERM (save_on_signal) lets the step finish and saves it; SIGINT without it stops at
+    once with the last periodic checkpoint. Either way one line says where to resume from, and
+    the same command resumes there with every step recorded exactly once."""
+    name = f"sig_{signum}"
+    long = {"rl.max_steps": 400, "rl.save_every": 50 if save_on_signal else 2,
+            "checkpoint.save_on_signal": save_on_signal}  # fmt: skip
+    proc = launch_cli(opts_for(base, name, **long))
+    metrics = base / "out" / "dpo" / name / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not metrics.exists() or metrics.read_text().count("\n") < 5:
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "the run never reached step 5"
+        time.sleep(0.02)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"posttrain: stopped by {signal.Signals(signum).name} after step ")
+    assert "rerun the same command" in last and "Traceback" not in err
+    stopped = int(last.split("after step ")[1].split(";")[0])
+    named = Path(last.split("last complete checkpoint: ")[1].split(";")[0])
+    saved = int(named.name.removeprefix("step_"))
+    assert saved == stopped if save_on_signal else stopped - 2 <= saved <= stopped
+    assert (named / "COMPLETE").exists() and not list(named.parent.glob(".tmp-*"))
+    resumed = train(opts_for(base, name, **{**long, "rl.max_steps": saved + 1}))
+    assert resumed["start_step"] == saved
+    assert sorted(rows(resumed)) == list(range(1, saved + 2))
+
+
+def test_progress_is_plain_lines_into_a_log_file(base):
+    """stderr that is not a terminal gets a line every logging.log_every steps, no bar frames."""
+    proc = launch_cli(opts_for(base, "plain", **{"logging.progress": True,
+                                                  "logging.log_every": 2}))  # fmt: skip
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "\r" not in err
+    lines = [x for x in err.splitlines() if " step " in x and "/4 " in x]
+    assert [x.split(" step ")[1].split()[0] for x in lines] == ["2/4", "4/4"], err
+    assert "loss " in lines[0] and "step_s " in lines[0]
+
+
+def test_an_online_knob_on_the_command_line_is_refused_even_at_its_default(capsys):
+    """rollout.n=8 equals the default, so only the command line shows it was asked for."""
+    assert cli_main(["dpo", "--config", "dpo_shapes", "--", "rollout.n=8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "posttrain: error: preflight: rollout.n=8 is never read by job.algorithm=dpo (Diffusion "
+        "DPO trains offline on dpo.pairs_path); remove it"
+    )

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from posttrain.metrics import open_sinks
-from posttrain.metrics.sinks import MetricsFileError
+from posttrain.metrics.sinks import MetricsFileError, read_metrics
 
 
 def _rows(path):
@@ -52,8 +52,41 @@ def test_wandb_offline_needs_no_network(tmp_path, monkeypatch):
 def test_resume_drops_a_torn_last_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "train/loss": 1.0}\n{"step": 2, "train/lo')
-    open_sinks(tmp_path, resume_step=2).close()
+    open_sinks(tmp_path, resume_step=1).close()  # the torn step was never saved
     assert [r["step"] for r in _rows(path)] == [1]
     path.write_text('{"step": 1}\n{"step": 2, "x\n{"step": 3}\n')
     with pytest.raises(MetricsFileError, match="metrics.jsonl:2"):
         open_sinks(tmp_path, resume_step=3)
+
+
+def test_resume_says_which_steps_a_truncated_history_lacks(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(f'{{"step": {s}}}\n' for s in (0, 1, 2, 3, 4, 7)))
+    with pytest.warns(UserWarning, match=r"lacks steps 5-6, 8-9 of the 9 steps the checkpoint"):
+        open_sinks(tmp_path, resume_step=9).close()
+    assert [r["step"] for r in _rows(path)] == [0, 1, 2, 3, 4, 7]  # kept, not invented
+    path.unlink()
+    with pytest.warns(UserWarning, match="lacks steps 1-3 of the 3 steps"):
+        open_sinks(tmp_path, resume_step=3).close()
+
+
+@pytest.mark.parametrize(
+    "line", ['{"note": "hi"}', "123", "null", '{"step": "3"}', '{"step": true}']
+)
+def test_a_json_line_that_is_not_a_step_record_is_named(tmp_path, line):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(f'{{"step": 1}}\n\n{line}\n{{"step": 2}}\n')
+    with pytest.raises(MetricsFileError, match=r"metrics.jsonl:3 is not a step record") as e:
+        read_metrics(path)
+    assert "\n" not in str(e.value)
+    with pytest.raises(MetricsFileError, match=r"metrics.jsonl:3 is not a step record"):
+        open_sinks(tmp_path, resume_step=2)
+
+
+def test_plot_names_a_line_that_is_not_a_step_record(tmp_path, capsys):
+    from posttrain.entrypoints.cli import main
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "train/loss": 1.0}\nnull\n{"step": 2}\n')
+    assert main(["plot", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "metrics.jsonl:2 is not a step record" in err, err

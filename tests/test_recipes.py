@@ -8,6 +8,7 @@ from posttrain.config import PosttrainConfig, RLConfig, builtin_recipes, load_co
 from posttrain.configs.grpo_base import build_grpo_config
 from posttrain.configs.gspo_qwen3b_gsm8k import apply_gspo_knobs
 from posttrain.control import run_preflight
+from posttrain.run.records import default_out_dir
 
 EXPECTED_WARNINGS = {
     "arithmetic": [],
@@ -92,7 +93,7 @@ def test_apply_gspo_knobs_overrides_a_legacy_section():
 
 def test_recipes_keep_runs_apart():
     names = [load_config(n) for n in builtin_recipes()]
-    dirs = {str(c.run_dir()) for c in names}
+    dirs = {str(default_out_dir(c)) for c in names}
     assert len(dirs) == len(names)
 
 
@@ -102,4 +103,4 @@ def test_opd_arithmetic_distils_into_grpo_s_own_starting_point():
     assert (opd.model.name_or_path, opd.model.init_preset, opd.job.seed) == (
         grpo.model.name_or_path, grpo.model.init_preset, grpo.job.seed,
     )  # fmt: skip
-    assert opd.teacher.name_or_path.startswith(str(grpo.run_dir()))
+    assert opd.teacher.name_or_path.startswith(str(default_out_dir(grpo)))

@@ -74,7 +74,17 @@ class LoggingConfig(Section):
 
     section_name = "logging"
 
-    progress: bool = Field(True, description="Print a one-line progress report per step.")
+    progress: bool = Field(
+        True,
+        description="A live progress bar on stderr when it is a terminal; otherwise (false, or "
+        "stderr is a file or pipe) a plain line every `logging.log_every` steps.",
+    )
+    log_every: int = Field(
+        10,
+        ge=0,
+        description="Steps between the plain progress lines printed instead of a progress bar "
+        "(the last step always gets one); 0 prints none.",
+    )
     tensorboard: bool = Field(False, description="Also write TensorBoard event files.")
     wandb: bool = Field(False, description="Also log to Weights & Biases.")
     train_samples_per_step: int = Field(

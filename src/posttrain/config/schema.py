@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field
 
 from posttrain.config.base import Section
@@ -49,10 +47,6 @@ class PosttrainConfig(Section):
     @classmethod
     def _dotted_fields(cls) -> list[str]:
         return [*cls.model_fields, *all_keys()]
-
-    def run_dir(self) -> Path:
-        """``<output_root>/<algorithm>/<name>``: separates runs of different algorithms/names."""
-        return Path(self.job.output_root) / self.job.algorithm / self.job.name
 
 
 def all_keys() -> list[str]:

@@ -14,6 +14,7 @@ scorer's mean and the fraction of valid shapes, with a PNG grid per evaluation.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import sys
@@ -30,18 +31,20 @@ from posttrain.algorithm.dpo import (
     make_denoising_objective,
     make_dpo_objective,
 )
-from posttrain.config import PosttrainConfig, load_config, to_dict
-from posttrain.control import run_preflight
+from posttrain.config import PosttrainConfig
+from posttrain.control.dpo import ONLINE_KNOBS
 from posttrain.control.opd import check_entry
+from posttrain.control.rules import PreflightError
 from posttrain.data import shapes
 from posttrain.data.images import PairBatch, step_seeds
 from posttrain.data.pairs import load_pairs, write_grid
-from posttrain.metrics import open_sinks
 from posttrain.model.diffusion import alphas_cumprod, unet_config
-from posttrain.run.lock import RunLock, prepare_run_dir
-from posttrain.run.records import default_out_dir, refuse_driver_edits, write_resolved_config
+from posttrain.run.records import default_out_dir
+from posttrain.run.session import EntrySpec, RunSession, report_lines
 from posttrain.trainer import Trainer
 from posttrain.trainer.errors import ResumeError
+
+__all__ = ["SPEC", "build_trainer", "default_out_dir", "run", "step_pairs", "train_from_cli"]
 
 log = logging.getLogger("posttrain")
 
@@ -93,32 +96,54 @@ def step_pairs(pairs: PairBatch, seed: int, step: int, per_step: int) -> PairBat
     return pairs[torch.cat(rows)].with_seeds(step_seeds(seed, step, per_step))
 
 
+def refuse_online_overrides(opts: Sequence[str], config: PosttrainConfig) -> None:
+    """An override of an online-RL knob, even one equal to its default (``rollout.n=8``, which
+    preflight cannot tell from an unset key), claims a setting DPO never reads."""
+    online = {f"{s}.{k}" for s, keys in ONLINE_KNOBS.items() for k in keys}
+    given = [o for o in opts if o.partition("=")[0].strip() in online]
+    if given:
+        raise PreflightError([
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} never read by "
+            f"job.algorithm={config.job.algorithm} (Diffusion DPO trains offline on "
+            f"dpo.pairs_path); remove {'it' if len(given) == 1 else 'them'}"
+        ])  # fmt: skip
+
+
+#: The entry as the run session sees it.
+SPEC = EntrySpec("dpo", check=functools.partial(check_entry, entry="dpo"))
+#: Progress shows these metrics (label -> metric) besides the step time.
+SHOWN = {"loss": "train/loss", "scorer": "val/scorer_mean", "valid": "val/validity"}
+
+
 def run(
-    config: PosttrainConfig,
+    config: PosttrainConfig | None,
     config_path: str,
     opts: Sequence[str],
-    out_dir: str | Path,
+    out_dir: str | Path | None = None,
     build_trainer_fn=build_trainer,
 ) -> dict[str, Any]:
-    """Train on ``dpo.pairs_path``; returns a summary with the first and last evaluation."""
+    """Train on ``dpo.pairs_path``; returns a summary with the first and last evaluation.
+    ``config`` is the caller's resolved copy (checked against ``config_path`` + ``opts``) or
+    None; ``out_dir`` None is the config's own run directory."""
     from posttrain.placement.diffusion import place_diffusion
 
-    resolved = load_config(config_path, ["--", *opts])
-    refuse_driver_edits(config, resolved)
-    check_entry(resolved, "dpo")  # a GRPO or OPD recipe belongs to its own entry
-    for message in run_preflight(resolved):
-        log.warning("preflight: %s", message)
+    session = RunSession(SPEC, config_path, opts, config)
+    resolved = session.config
+    refuse_online_overrides(opts, resolved)  # what preflight cannot see (default values)
     unet_cfg = unet_config(resolved.model.name_or_path)
     pairs = load_pairs(  # data errors surface before any model loads
         resolved.dpo.pairs_path, unet_cfg["sample_size"], unet_cfg["num_class_embeds"]
     )
-    run_dir = prepare_run_dir(out_dir)
-    with RunLock(run_dir):  # one writer per run directory
-        placed = place_diffusion(resolved, config_path, opts, build_trainer_fn, str(run_dir))
-        try:
-            return _loop(resolved, placed.policy, pairs, unet_cfg["num_class_embeds"], run_dir)
-        finally:
-            placed.close()
+
+    def place(run_dir: Path):
+        return place_diffusion(resolved, config_path, session.opts, build_trainer_fn, str(run_dir))
+
+    def body(placed, state, run_dir: Path):
+        return DPOBody(resolved, placed.policy, pairs, unet_cfg["num_class_embeds"], run_dir, state)
+
+    summary = session.run(out_dir or session.default_out_dir(), place, body)
+    summary["pairs"] = len(pairs)
+    return summary
 
 
 def evaluate(config: PosttrainConfig, policy, classes: int, run_dir: Path, step: int) -> dict:
@@ -136,54 +161,40 @@ def evaluate(config: PosttrainConfig, policy, classes: int, run_dir: Path, step:
     return {f"val/{k}": v for k, v in metrics.items()}
 
 
-def _loop(config, policy, pairs: PairBatch, classes: int, run_dir: Path) -> dict[str, Any]:
-    job, rl = config.job, config.rl
-    state = policy.resume()
-    if state is not None and state.data_state.get("pairs") != len(pairs):
-        raise ResumeError(
-            f"{state.path} was trained on {state.data_state.get('pairs')} pairs, "
-            f"{config.dpo.pairs_path} has {len(pairs)}; resume with the same manifest"
-        )
-    write_resolved_config(config, run_dir)
-    start = state.step if state else 0
-    sink = open_sinks(
-        run_dir, resume_step=start if state else None, tensorboard=config.logging.tensorboard,
-        wandb=config.logging.wandb, wandb_project=config.logging.wandb_project,
-        wandb_mode=config.logging.wandb_mode, run_name=job.name, config=to_dict(config),
-    )  # fmt: skip
-    summary: dict[str, Any] = {"run_dir": str(run_dir), "start_step": start, "pairs": len(pairs)}
-    if rl.eval_every and start == 0:
-        first = evaluate(config, policy, classes, run_dir, 0)
-        sink.write(0, first)
-        summary["initial"] = first
-    began = time.perf_counter()
-    try:
-        for step in range(start + 1, rl.max_steps + 1):
-            t0 = time.perf_counter()
-            record = dict(
-                policy.train(step_pairs(pairs, job.seed, step, config.dpo.pairs_per_step))
+class DPOBody:
+    """One DPO step (the step's pairs -> one optimizer step) and the sampled evaluation."""
+
+    shown = SHOWN
+
+    def __init__(self, config, policy, pairs: PairBatch, classes: int, run_dir: Path, state):
+        if state is not None and state.data_state.get("pairs") != len(pairs):
+            raise ResumeError(
+                f"{state.path} was trained on {state.data_state.get('pairs')} pairs, "
+                f"{config.dpo.pairs_path} has {len(pairs)}; resume with the same manifest"
             )
-            record["time/step_s"] = time.perf_counter() - t0
-            if rl.eval_every and (step % rl.eval_every == 0 or step == rl.max_steps):
-                record.update(evaluate(config, policy, classes, run_dir, step))
-                summary["final"] = {k: record[k] for k in ("val/scorer_mean", "val/validity")}
-            sink.write(step, record)
-            if (rl.save_every and step % rl.save_every == 0) or step == rl.max_steps:
-                policy.save(step, {"pairs": len(pairs)})
-            if config.logging.progress and (step % 25 == 0 or step == rl.max_steps):
-                log.info("step %d/%d loss %.4f", step, rl.max_steps, record["train/loss"])
-    finally:
-        sink.close()
-    summary["steps"] = rl.max_steps
-    summary["wall_s"] = time.perf_counter() - began
-    return summary
+        self.config, self.policy, self.pairs = config, policy, pairs
+        self.classes, self.run_dir = classes, run_dir
+        self.evaluates = True
+
+    def data_state(self) -> dict[str, Any]:
+        return {"pairs": len(self.pairs)}
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        return evaluate(self.config, self.policy, self.classes, self.run_dir, step)
+
+    def step(self, step: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        batch = step_pairs(self.pairs, self.config.job.seed, step, self.config.dpo.pairs_per_step)
+        record = dict(self.policy.train(batch))
+        record["time/step_s"] = time.perf_counter() - t0
+        return record
 
 
 def train_from_cli(config_path: str, opts: Sequence[str]) -> int:
+    """``posttrain dpo``: resolve, train, print where the run went and both evaluations."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    config = load_config(config_path, ["--", *opts])
-    summary = run(config, config_path, opts, default_out_dir(config))
-    print(f"run directory: {summary['run_dir']}")
+    summary = run(None, config_path, opts)
+    print("\n".join(report_lines(summary)))
     for key in ("initial", "final"):
         if key in summary:
             print(f"{key}: {json.dumps({k[4:]: round(v, 4) for k, v in summary[key].items()})}")

@@ -10,42 +10,46 @@ math and no loop (``online.py``).
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.config import PosttrainConfig, load_config
+from posttrain.config import PosttrainConfig
 from posttrain.config.build import build_objective
 from posttrain.config.user_code import import_callable
 from posttrain.control.opd import check_entry
 from posttrain.entrypoints import online
 from posttrain.run.records import default_out_dir, quiet_libraries
+from posttrain.run.session import EntrySpec, RunSession
 
-#: Settings the GRPO entry pins after the user's overrides (none: GRPO is the default algorithm).
-PINNED_OPTS: tuple[str, ...] = ()
+__all__ = ["SPEC", "default_out_dir", "run", "train_from_cli"]
+
+#: The entry as the run session sees it: GRPO pins nothing (it is the default algorithm) and
+#: refuses an OPD config.
+SPEC = EntrySpec("grpo", check=functools.partial(check_entry, entry="grpo"))
 
 
 def run(
-    config: PosttrainConfig,
+    config: PosttrainConfig | None,
     config_path: str,
     opts: Sequence[str],
-    out_dir: str | Path,
+    out_dir: str | Path | None,
     build_objective_fn,
 ) -> dict[str, Any]:
-    """Train ``config`` with the objective ``build_objective_fn(rl, context)`` returns."""
-    check_entry(config, "grpo")  # job.algorithm=opd belongs to `posttrain opd`
-    return online.run(
-        config, config_path, opts, out_dir, build_objective_fn, pinned_opts=PINNED_OPTS
-    )
+    """Train with the objective ``build_objective_fn(rl, context)`` returns. ``config`` is the
+    caller's resolved copy (checked against ``config_path`` + ``opts``), or None; ``out_dir``
+    None is the config's own run directory."""
+    session = RunSession(SPEC, config_path, opts, config)
+    return online.run(session, out_dir or session.default_out_dir(), build_objective_fn)
 
 
 def train_from_cli(config_path: str, opts: Sequence[str], objective: str | None = None) -> int:
     """``posttrain grpo``: resolve, train, print where the run went and held-out accuracy."""
     quiet_libraries()
     builder = import_callable(objective, "--objective") if objective else build_objective
-    config = load_config(config_path, ["--", *opts])
-    online.report(run(config, config_path, opts, default_out_dir(config), builder))
+    online.report(run(None, config_path, opts, None, builder))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The online loop every RL entry shares: resolved config -> roles -> steps.
+"""The online step every RL entry shares, on the run session (``run/session.py``).
 
 One step::
 
@@ -9,76 +9,73 @@ One step::
 
 An entry (``grpo.py``, ``opd.py``) is a composition: it names its objective builder, the
 settings it pins, and the roles it declares (``placement/specs.py``: OPD's teacher); this file
-holds the loop once, and no loss math.
+holds the step once, the session the loop around it (resume, timing, signals, sinks), and
+neither holds loss math.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.config import ConfigError, PosttrainConfig, load_config, to_dict
+from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.config.user_code import check_builder
-from posttrain.control import run_preflight
 from posttrain.control.data_checks import load_tasks
 from posttrain.control.input_checks import check_inputs
 from posttrain.data.tasks import TaskItem, TaskSource
-from posttrain.metrics import open_sinks
 from posttrain.model.loading import load_tokenizer
 from posttrain.model.tiny import build_tiny_model
 from posttrain.placement.specs import RoleSpec, annotate
 from posttrain.reward.dynamic_sampling import sample_step
-from posttrain.run.lock import RunLock, prepare_run_dir
-from posttrain.run.records import (
-    encode_prompts,
-    refuse_driver_edits,
-    write_resolved_config,
-    write_samples,
-)
-from posttrain.run.signals import GracefulStop
+from posttrain.run.records import encode_prompts, write_samples
+from posttrain.run.session import RunSession, report_lines
 
 log = logging.getLogger("posttrain")
 
+#: Progress shows these metrics (label -> metric) besides the step time.
+SHOWN = {"reward": "train/reward_mean", "val_acc": "val/accuracy"}
+
 
 def run(
-    config: PosttrainConfig,
-    config_path: str,
-    opts: Sequence[str],
+    session: RunSession,
     out_dir: str | Path,
     build_objective_fn,
     *,
-    pinned_opts: Sequence[str] = (),
     role_specs: Sequence[RoleSpec] = (),
+    prepare: Callable[[PosttrainConfig], None] | None = None,
 ) -> dict[str, Any]:
-    """Train with the objective from ``build_objective_fn`` (required: no fallback to GRPO),
-    applying the declared ``role_specs`` to each rollout in order.
-
-    ``config`` is the driver's resolved copy; roles in other processes re-resolve
-    ``config_path`` + ``opts`` + ``pinned_opts`` (the entry's invariants, after the user's), so
-    the driver copy must not carry edits they can't see.
-    """
+    """Train ``session``'s config with the objective from ``build_objective_fn`` (required: no
+    fallback to GRPO), applying the declared ``role_specs`` to each rollout in order. ``prepare`` runs once the starting model exists, before the run directory
+    is touched (the OPD entry checks its teacher's tokenizer there)."""
     check_builder(build_objective_fn)
-    opts = [*opts, *pinned_opts]
-    resolved = load_config(config_path, ["--", *opts])
-    refuse_driver_edits(config, resolved)
-    for message in run_preflight(resolved):
-        log.warning("preflight: %s", message)
-    tasks = build_tasks(resolved)  # data errors surface before any model loads
-    run_dir = prepare_run_dir(out_dir)
-    with RunLock(run_dir):  # one writer per run directory
-        ensure_model(resolved)
-        tasks = check_inputs(resolved, tasks)
-        roles = _place(resolved, config_path, opts, build_objective_fn, run_dir, role_specs)
-        try:
-            return loop(resolved, roles, tasks, run_dir)
-        finally:
-            roles.close()
+    config = session.config
+    tasks = build_tasks(config)  # data errors surface before any model loads
+    check_model_source(config)
+    if prepare is not None:  # it reads the starting model's files: before the run directory
+        ensure_model(config)
+        prepare(config)
+    made: dict[str, Any] = {}  # what place() and body() built, for the next phase
+
+    def place(run_dir: Path):
+        ensure_model(config)  # built above already when prepare needed it (then a no-op)
+        made["tasks"] = check_inputs(config, tasks)
+        return _place(config, session.config_path, session.opts, build_objective_fn, run_dir,
+                      role_specs)  # fmt: skip
+
+    def body(roles, state, run_dir: Path):
+        made["body"] = OnlineBody(config, roles, made["tasks"], run_dir, state)
+        return made["body"]
+
+    summary = session.run(out_dir, place, body)
+    summary["val_problems"] = len(made["body"].val_items) if "body" in made else 0
+    for key, name in (("initial", "initial_val_accuracy"), ("final", "final_val_accuracy")):
+        if key in summary:
+            summary[name] = summary[key]["val/accuracy"]
+    return summary
 
 
 def build_tasks(config: PosttrainConfig) -> TaskSource:
@@ -88,17 +85,24 @@ def build_tasks(config: PosttrainConfig) -> TaskSource:
 
 def ensure_model(config: PosttrainConfig) -> None:
     """Build the from-scratch tiny model the recipe asks for, once, before any role loads it."""
+    check_model_source(config)
+    path = Path(config.model.name_or_path)
+    if config.model.init_preset and not (path / "config.json").exists():
+        log.info(
+            "building a %s model at %s (seed %d)", config.model.init_preset, path, config.job.seed
+        )
+        build_tiny_model(config.model.init_preset, path, seed=config.job.seed)
+
+
+def check_model_source(config: PosttrainConfig) -> None:
+    """A model folder to load, or a preset to build one: a config error before the run
+    directory is touched otherwise."""
     path = Path(config.model.name_or_path)
     if not (path / "config.json").exists() and not config.model.init_preset:
         raise ConfigError(
             f"model.name_or_path={str(path)!r} is not a Hugging Face model directory (no "
             "config.json); point it at a local model, or set model.init_preset=tiny to build one"
         )
-    if config.model.init_preset and not (path / "config.json").exists():
-        log.info(
-            "building a %s model at %s (seed %d)", config.model.init_preset, path, config.job.seed
-        )
-        build_tiny_model(config.model.init_preset, path, seed=config.job.seed)
 
 
 def _place(config, config_path: str, opts, build_objective_fn, run_dir: Path, specs):
@@ -177,99 +181,58 @@ def keep_train_samples(config, run_dir: Path, step: int, items, rollout, result)
     write_samples(path, rows, rollout.texts[:k], result.scores, advantages=result.batch.advantages)
 
 
-def loop(config: PosttrainConfig, roles, tasks: TaskSource, run_dir: Path) -> dict[str, Any]:
-    job, rl = config.job, config.rl
-    tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.name_or_path)
-    # rl.eval_every=0 turns held-out evaluation off entirely (also before and after training).
-    val_items = tasks.val_items() if rl.eval_every else []
-    state = roles.policy.resume()
-    # Written only once resume has accepted this config: a refused run leaves the old one intact.
-    write_resolved_config(config, run_dir)
-    start, cursor = (state.step, state.data_state["cursor"]) if state else (0, 0)
-    if state:
-        roles.sync_weights()  # a rollout engine with its own weights starts from the checkpoint
-    sink = open_sinks(
-        run_dir, resume_step=start if state else None, tensorboard=config.logging.tensorboard,
-        wandb=config.logging.wandb, wandb_project=config.logging.wandb_project,
-        wandb_mode=config.logging.wandb_mode, run_name=job.name, config=to_dict(config),
-    )  # fmt: skip
-    summary: dict[str, Any] = {
-        "run_dir": str(run_dir), "start_step": start, "val_problems": len(val_items),
-    }  # fmt: skip
-    if val_items and start == 0:
-        first = evaluate(config, roles, tokenizer, val_items, run_dir, 0)
-        sink.write(0, first)
-        summary["initial_val_accuracy"] = first["val/accuracy"]
-    bar = _progress(config, start)
-    began = time.perf_counter()
-    stop = GracefulStop(config.checkpoint.save_on_signal, state.path if state else None).install()
-    try:
-        for step in range(start + 1, rl.max_steps + 1):
-            t0 = time.perf_counter()
-            sampled, result, times = collect(config, roles, tokenizer, tasks, cursor, step)
-            items, rollout, cursor = sampled.items, sampled.rollout, sampled.cursor
-            t1 = time.perf_counter()
-            train_metrics = roles.policy.train(result.batch)
-            t2 = time.perf_counter()
-            roles.sync_weights()
-            t3 = time.perf_counter()
-            keep_train_samples(config, run_dir, step, items, rollout, result)
-            record = {f"train/{k.replace('reward/', 'reward_')}": v
-                      for k, v in result.metrics.items()}  # fmt: skip
-            record.update({f"train/{k}": v for k, v in sampled.metrics.items()})
-            record.update(train_metrics)
-            record.update(times)
-            record.update({
-                "time/train_s": t2 - t1, "time/sync_s": t3 - t2, "time/step_s": t3 - t0,
-                "perf/rollout_tokens_per_s":
-                    sampled.generated_tokens / max(times["time/rollout_s"], 1e-9),
-                "perf/train_tokens_per_s": train_metrics["train/tokens"] / max(t2 - t1, 1e-9),
-            })  # fmt: skip
-            if val_items and (step % rl.eval_every == 0 or step == rl.max_steps):
-                record.update(evaluate(config, roles, tokenizer, val_items, run_dir, step))
-                summary["final_val_accuracy"] = record["val/accuracy"]
-            sink.write(step, record)
-            save = functools.partial(roles.policy.save, step, {"cursor": cursor})
-            due = (rl.save_every and step % rl.save_every == 0) or step == rl.max_steps
-            saved = save() if due else None
-            _advance(bar, record)
-            stop.after_step(step, saved, save)  # a signal stops here, after a checkpoint
-    finally:
-        stop.uninstall()
-        sink.close()
-        if bar is not None:
-            bar.close()
-    summary["steps"] = rl.max_steps
-    summary["wall_s"] = time.perf_counter() - began
-    return summary
+class OnlineBody:
+    """One online step (collect -> train -> sync) and the held-out evaluation, for the
+    session's loop."""
 
+    shown = SHOWN
 
-def _progress(config: PosttrainConfig, start: int):
-    if not config.logging.progress:
-        return None
-    from tqdm import tqdm
+    def __init__(self, config: PosttrainConfig, roles, tasks: TaskSource, run_dir: Path, state):
+        self.config, self.roles, self.tasks, self.run_dir = config, roles, tasks, run_dir
+        self.tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.name_or_path)
+        # rl.eval_every=0 turns held-out evaluation off entirely (also before and after training).
+        self.val_items = tasks.val_items() if config.rl.eval_every else []
+        self.evaluates = bool(self.val_items)
+        self.cursor = state.data_state["cursor"] if state else 0
+        if state:
+            roles.sync_weights()  # a rollout engine with its own weights starts from the checkpoint
 
-    return tqdm(total=config.rl.max_steps, initial=start, desc=config.job.name, unit="step",
-                dynamic_ncols=True, file=sys.stderr)  # fmt: skip
+    def data_state(self) -> dict[str, Any]:
+        return {"cursor": self.cursor}
 
+    def evaluate(self, step: int) -> dict[str, float]:
+        return evaluate(self.config, self.roles, self.tokenizer, self.val_items, self.run_dir, step)
 
-def _advance(bar, record: dict[str, Any]) -> None:
-    if bar is None:
-        return
-    post = {"reward": f"{record.get('train/reward_mean', float('nan')):.3f}",
-            "step_s": f"{record['time/step_s']:.2f}"}  # fmt: skip
-    if "val/accuracy" in record:
-        post["val_acc"] = f"{record['val/accuracy']:.3f}"
-    bar.set_postfix(post, refresh=False)
-    bar.update(1)
+    def step(self, step: int) -> dict[str, Any]:
+        config, roles = self.config, self.roles
+        t0 = time.perf_counter()
+        sampled, result, times = collect(config, roles, self.tokenizer, self.tasks, self.cursor,
+                                         step)  # fmt: skip
+        items, rollout, self.cursor = sampled.items, sampled.rollout, sampled.cursor
+        t1 = time.perf_counter()
+        train_metrics = roles.policy.train(result.batch)
+        t2 = time.perf_counter()
+        roles.sync_weights()
+        t3 = time.perf_counter()
+        keep_train_samples(config, self.run_dir, step, items, rollout, result)
+        record = {f"train/{k.replace('reward/', 'reward_')}": v
+                  for k, v in result.metrics.items()}  # fmt: skip
+        record.update({f"train/{k}": v for k, v in sampled.metrics.items()})
+        record.update(train_metrics)
+        record.update(times)
+        record.update({
+            "time/train_s": t2 - t1, "time/sync_s": t3 - t2, "time/step_s": t3 - t0,
+            "perf/rollout_tokens_per_s":
+                sampled.generated_tokens / max(times["time/rollout_s"], 1e-9),
+            "perf/train_tokens_per_s": train_metrics["train/tokens"] / max(t2 - t1, 1e-9),
+        })  # fmt: skip
+        return record
 
 
 def report(summary: dict[str, Any]) -> None:
     """What a finished run prints: where it wrote, how long, held-out accuracy before/after."""
+    print("\n".join(report_lines(summary)))
     before, after = summary.get("initial_val_accuracy"), summary.get("final_val_accuracy")
-    print(f"run directory: {summary['run_dir']}")
-    done = summary["steps"] - summary["start_step"]
-    print(f"trained {done} steps in {summary['wall_s']:.0f} s")
     if before is not None or after is not None:
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         n = summary["val_problems"]

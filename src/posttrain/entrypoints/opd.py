@@ -12,46 +12,49 @@ loss math and no loop (``online.py``); it pins ``job.algorithm=opd`` and declare
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from posttrain.algorithm.opd import make_objective
-from posttrain.config import PosttrainConfig, load_config
+from posttrain.config import PosttrainConfig
 from posttrain.config.user_code import import_callable
-from posttrain.control import run_preflight
 from posttrain.control.opd import check_entry
 from posttrain.entrypoints import online
 from posttrain.placement.specs import RoleSpec
 from posttrain.placement.teacher import TEACHER, check_teacher_tokenizer
 from posttrain.run.records import default_out_dir, quiet_libraries
+from posttrain.run.session import EntrySpec, RunSession
 
-#: The entry's invariant, appended after the user's overrides: it only ever trains OPD.
-PINNED_OPTS: tuple[str, ...] = ("job.algorithm=opd",)
+__all__ = ["SPEC", "default_out_dir", "run", "train_from_cli"]
+
+#: The entry as the run session sees it: it only ever trains OPD (``job.algorithm=opd`` is
+#: appended after the user's overrides) and refuses a GRPO-family config.
+SPEC = EntrySpec(
+    "opd", pinned_opts=("job.algorithm=opd",), check=functools.partial(check_entry, entry="opd")
+)
 #: The roles the loop applies to each rollout before the reward stage.
 ROLES: tuple[RoleSpec, ...] = (TEACHER,)
 
 
 def run(
-    config: PosttrainConfig,
+    config: PosttrainConfig | None,
     config_path: str,
     opts: Sequence[str],
-    out_dir: str | Path,
+    out_dir: str | Path | None,
     build_objective_fn=make_objective,
 ) -> dict[str, Any]:
     """Distil ``teacher.name_or_path`` into the policy with ``build_objective_fn(rl, context)``.
 
-    Refuses a non-OPD ``job.algorithm`` and a teacher whose tokenizer is not the student's, both
-    before any model loads.
+    Refuses a non-OPD ``job.algorithm`` before anything touches the run directory, and a teacher
+    whose tokenizer is not the student's before any model loads.
     """
-    check_entry(config, "opd")
-    run_preflight(config)  # its errors first; online.run logs the warnings once
-    online.ensure_model(config)
-    check_teacher_tokenizer(config)
+    session = RunSession(SPEC, config_path, opts, config)
     return online.run(
-        config, config_path, opts, out_dir, build_objective_fn, pinned_opts=PINNED_OPTS,
-        role_specs=ROLES,
+        session, out_dir or session.default_out_dir(), build_objective_fn, role_specs=ROLES,
+        prepare=check_teacher_tokenizer,
     )  # fmt: skip
 
 
@@ -59,8 +62,7 @@ def train_from_cli(config_path: str, opts: Sequence[str], objective: str | None 
     """``posttrain opd``: resolve, distil, print where the run went and held-out accuracy."""
     quiet_libraries()
     builder = import_callable(objective, "--objective") if objective else make_objective
-    config = load_config(config_path, ["--", *opts])
-    online.report(run(config, config_path, opts, default_out_dir(config), builder))
+    online.report(run(None, config_path, opts, None, builder))
     return 0
 
 

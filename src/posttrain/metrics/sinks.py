@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,25 +31,55 @@ def _plain(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def _complete_lines(path: Path) -> list[str]:
-    """The file's JSON lines; a torn last line (a crash mid-write) is dropped, a torn line
-    elsewhere is an error naming it."""
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    for i, line in enumerate(lines):
+def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The file's step records with their lines. A torn last line (a crash mid-write) is dropped;
+    a line that is not JSON elsewhere, or valid JSON that is not a step record (an object with an
+    integer ``step``), is an error naming the file and line."""
+    numbered = [
+        (i, line) for i, line in enumerate(path.read_text().splitlines(), 1) if line.strip()
+    ]
+    out = []
+    for k, (i, line) in enumerate(numbered):
         try:
-            json.loads(line)
+            record = json.loads(line)
         except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                return lines[:-1]
+            if k == len(numbered) - 1:
+                break
             raise MetricsFileError(
-                f"{path}:{i + 1} is not valid JSON; the metrics file is damaged (move it aside)"
+                f"{path}:{i} is not valid JSON; the metrics file is damaged (move it aside)"
             ) from None
-    return lines
+        step = record.get("step") if isinstance(record, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            shown = line if len(line) <= 40 else line[:37] + "..."
+            raise MetricsFileError(
+                f'{path}:{i} is not a step record (a JSON object with an integer "step"): '
+                f"{shown}; the metrics file is damaged (remove that line or move the file aside)"
+            )
+        out.append((line, record))
+    return out
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The step records of a ``metrics.jsonl`` (a torn last line, as in a live run, is left out)."""
-    return [json.loads(line) for line in _complete_lines(Path(path))]
+    """The step records of a ``metrics.jsonl`` (a torn last line, as in a live run, is left out);
+    the one reader of the file, for resume and for ``posttrain plot``."""
+    return [record for _, record in _records(Path(path))]
+
+
+def missing_steps(steps: list[int], upto: int) -> list[int]:
+    """Steps ``1..upto`` that a history lacks (step 0, the evaluation before training, is
+    optional)."""
+    have = set(steps)
+    return [s for s in range(1, upto + 1) if s not in have]
+
+
+def _ranges(steps: list[int]) -> str:
+    parts, first = [], None
+    for i, s in enumerate(steps):
+        first = s if first is None else first
+        if i + 1 == len(steps) or steps[i + 1] != s + 1:
+            parts.append(str(s) if first == s else f"{first}-{s}")
+            first = None
+    return ", ".join(parts)
 
 
 class JsonlSink:
@@ -59,14 +90,22 @@ class JsonlSink:
     def __init__(self, path: str | os.PathLike, resume_step: int | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is not None and self.path.exists():
-            kept = [
-                line
-                for line in _complete_lines(self.path)
-                if json.loads(line)["step"] <= resume_step
-            ]
-            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
-        elif resume_step is None and self.path.exists():
+        if resume_step is not None:
+            kept = []
+            if self.path.exists():
+                kept = [(ln, r) for ln, r in _records(self.path) if r["step"] <= resume_step]
+                atomic_write_text(self.path, "".join(ln + "\n" for ln, _ in kept))
+            gap = missing_steps([r["step"] for _, r in kept], resume_step)
+            if gap:
+                # The steps are in the checkpoint's weights but not in the record: say so once,
+                # so a curve with a hole is never mistaken for the whole run.
+                warnings.warn(
+                    f"{self.path} lacks steps {_ranges(gap)} of the {resume_step} steps the "
+                    f"checkpoint holds (the file was truncated or replaced); the run resumes "
+                    f"from step {resume_step + 1} and those steps' metrics stay missing",
+                    stacklevel=2,
+                )
+        elif self.path.exists():
             self.path.unlink()
         self._f = self.path.open("a")
 

@@ -28,6 +28,11 @@ RESUME_MUTABLE_KEYS: tuple[str, ...] = (
     "checkpoint.keep_last",
     "checkpoint.save_on_signal",
     "logging.*",
+    # Where the steps run, not what they compute: on the CPU none of these changes a number;
+    # a device change can change float rounding, so resume warns about it (resume_notes).
+    "placement.torch_threads_per_process",
+    "placement.device",
+    "placement.backend",
 )
 
 _MISSING = object()
@@ -97,12 +102,19 @@ def check_resume_compatible(
 def resume_notes(saved_config: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
     """Allowed changes that still change the math of the remaining steps, as warnings."""
     a, b = flatten(saved_config), flatten(config)
+    notes = []
     schedule = b.get("rl.lr_schedule", "constant")
     old, new = a.get("rl.max_steps"), b.get("rl.max_steps")
-    if old == new or schedule == "constant":
-        return []
-    return [
-        f"rl.max_steps changed from {old} to {new} with rl.lr_schedule={schedule}: the learning "
-        f"rate now decays over {new} steps, so the remaining steps' learning rates differ from "
-        f"the original run's (keep rl.max_steps={old} to continue it exactly)"
-    ]
+    if old != new and schedule != "constant":
+        notes.append(
+            f"rl.max_steps changed from {old} to {new} with rl.lr_schedule={schedule}: the "
+            f"learning rate now decays over {new} steps, so the remaining steps' learning rates "
+            f"differ from the original run's (keep rl.max_steps={old} to continue it exactly)"
+        )
+    old, new = a.get("placement.device"), b.get("placement.device")
+    if old != new:
+        notes.append(
+            f"placement.device changed from {old} to {new}: another device can round floats "
+            "differently, so the remaining steps may not match the original run bit for bit"
+        )
+    return notes
