@@ -20,7 +20,7 @@ import torch
 from posttrain.config import load_config
 from posttrain.config.build import build_objective
 from posttrain.data.trajectory import TrajectoryBatch
-from posttrain.entrypoints import online
+from posttrain.entrypoints import grpo, online
 from posttrain.model.tiny import build_tiny_model
 from posttrain.placement.local import place_local
 from posttrain.placement.specs import PlacedRole, RoleSpec, annotate, check_specs
@@ -28,6 +28,7 @@ from posttrain.placement.teacher import TEACHER
 from posttrain.rollout import Rollout
 from posttrain.rollout.concat import concat_rollouts
 from posttrain.run.records import default_out_dir
+from posttrain.run.session import RunSession
 from posttrain.testing import synthetic_batch
 
 STEPS = 2
@@ -202,8 +203,8 @@ def _run(tmp: Path, model: Path, specs, **extra) -> list[dict]:
     builder = functools.partial(checking_builder, str(record))
     if not specs:
         builder = build_objective
-    summary = online.run(config, "arithmetic", opts, default_out_dir(config), builder,
-                         role_specs=specs)  # fmt: skip
+    session = RunSession(grpo.SPEC, "arithmetic", opts, config)
+    summary = online.run(session, default_out_dir(config), builder, role_specs=specs)
     rows = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
     seen = [int(n) for p in record.glob("*.txt") for n in p.read_text().split()]
     return [json.loads(r) for r in rows], seen
