@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from posttrain.algorithm.annotators.advantage import ADVANTAGE_KNOBS, advantage_reads
 from posttrain.algorithm.primitives.divergence import kl_penalty
 from posttrain.algorithm.primitives.objective import (
     OBJECTIVE_WEIGHT_SUM,
@@ -26,13 +27,13 @@ from posttrain.algorithm.primitives.objective import (
     ReferenceScorer,
 )
 from posttrain.algorithm.primitives.policy_gradient import (
-    LOSS_TYPES,
-    check_max_response_length,
     clipped_policy_gradient_loss,
     legacy_policy_gradient_loss,
     masked_mean,
+    response_bound,
     token_sum_loss,
 )
+from posttrain.algorithm.primitives.reads import Reads, declare_reads
 from posttrain.algorithm.primitives.rollout_correction import (
     logprob_abs_diff,
     truncated_is_weights,
@@ -72,12 +73,58 @@ def _require_advantages(batch: TrajectoryBatch) -> Tensor:
     return batch.advantages
 
 
+#: The clipped surrogate's own knobs (beside the advantage's): what ``legacy_pg`` never reads.
+CLIPPED_KNOBS = frozenset({
+    "rl.importance_sampling_level", "rl.epsilon_low", "rl.epsilon_high", "rl.lower_bound_ratio",
+    "rl.temperature", "rl.loss_type", "rl.kl_beta", "rl.kl_estimator", "rl.entropy_coef",
+    "rl.rollout_is_cap",
+})  # fmt: skip
+
+#: Every knob a GRPO-family objective may read.
+KNOBS = frozenset({"rl.grpo_surrogate"}) | CLIPPED_KNOBS | ADVANTAGE_KNOBS
+
+_LEGACY_UNREAD = {
+    "rl.importance_sampling_level": "no importance ratio; select rl.grpo_surrogate=clipped",
+    "rl.epsilon_low": "no ratio clip",
+    "rl.epsilon_high": "no ratio clip",
+    "rl.lower_bound_ratio": "no ratio clip",
+    "rl.temperature": "it scores at temperature 1",
+    "rl.loss_type": "always the token mean",
+    "rl.kl_beta": "no KL term",
+    "rl.kl_estimator": "no KL term",
+    "rl.entropy_coef": "no entropy term",
+    "rl.rollout_is_cap": "no importance correction",
+}
+
+
+def reads(config: Any) -> Reads:
+    """The knobs the GRPO objective ``rl.grpo_surrogate`` selects reads under ``config``."""
+    rl = config.rl
+    surrogate = rl.grpo_surrogate
+    if surrogate == "legacy_pg":
+        base = Reads(
+            frozenset({"rl.grpo_surrogate"}), "rl.grpo_surrogate=legacy_pg", _LEGACY_UNREAD
+        )
+        return base | advantage_reads(config)
+    keys = set(CLIPPED_KNOBS) | {"rl.grpo_surrogate"}
+    unread: dict[str, str] = {}
+    by = f"rl.grpo_surrogate={surrogate}"
+    if rl.importance_sampling_level == "sequence":
+        by += ", rl.importance_sampling_level=sequence"
+        keys.discard("rl.lower_bound_ratio")
+        unread["rl.lower_bound_ratio"] = "the dual clip bounds a per-token ratio"
+    if rl.kl_beta == 0:
+        keys.discard("rl.kl_estimator")
+        unread["rl.kl_estimator"] = "no KL anchor with rl.kl_beta=0"
+    return Reads(frozenset(keys), by, unread) | advantage_reads(config)
+
+
 def identity_of(rl: Any) -> dict[str, Any]:
     """The values that define the algorithm; token-level runs omit the sequence-level key."""
     if rl.grpo_surrogate == "legacy_pg":
         return {"grpo_surrogate": "legacy_pg", "loss_type": "token-mean"}
     ident = {
-        "grpo_surrogate": "clipped",
+        "grpo_surrogate": rl.grpo_surrogate,
         "loss_type": rl.loss_type,
         "epsilon_low": float(rl.epsilon_low),
         "epsilon_high": float(rl.epsilon_high),
@@ -103,6 +150,7 @@ def _finish(per_token: Tensor, mask: Tensor, loss_type: str, max_len: int | None
     return loss, metrics
 
 
+@declare_reads(reads)
 def make_objective(rl: Any, context: Any) -> Objective:
     """Build the configured GRPO-family objective.
 
@@ -115,7 +163,8 @@ def make_objective(rl: Any, context: Any) -> Objective:
     entropy ``H_t`` of the policy at the loss temperature as ``pg/entropy``.
     ``context`` carries ``max_response_length`` (the rollout bound, for
     ``seq-mean-token-sum-fixed``) and, when ``kl_beta > 0``, ``reference_model``: the frozen
-    network the entry also hands to the trainer as an auxiliary model.
+    network the placement also hands to the trainer as an auxiliary model. Each value is
+    validated once, by the config section; :func:`reads` declares which ones a surrogate reads.
     """
     adapter = MetricAdapter(GRPO_METRICS, reductions=GRPO_REDUCTIONS)
     if rl.grpo_surrogate == "legacy_pg":
@@ -133,23 +182,11 @@ def make_objective(rl: Any, context: Any) -> Objective:
 
         return Objective(legacy, Reduction.TOKEN_SUM, adapter, identity=identity_of(rl))
 
-    if rl.grpo_surrogate != "clipped":
-        raise ValueError(
-            f"rl.grpo_surrogate must be 'clipped' or 'legacy_pg', got {rl.grpo_surrogate!r}"
-        )
-    if rl.loss_type not in LOSS_TYPES:
-        raise ValueError(f"rl.loss_type must be one of {LOSS_TYPES}, got {rl.loss_type!r}")
-    max_len = getattr(context, "max_response_length", None)
-    if rl.loss_type == "seq-mean-token-sum-fixed":
-        max_len = check_max_response_length(max_len)
+    max_len = response_bound(rl.loss_type, context)
     temperature = float(rl.temperature)
     kl_beta = float(rl.kl_beta)
     entropy_coef = float(rl.entropy_coef)
-    if entropy_coef < 0:
-        raise ValueError(f"rl.entropy_coef must be >= 0, got {entropy_coef}")
     scorer = None
-    if kl_beta < 0:
-        raise ValueError(f"rl.kl_beta must be >= 0, got {kl_beta}")
     if kl_beta > 0:
         ref = getattr(context, "reference_model", None)
         if ref is None:
@@ -207,6 +244,5 @@ def make_objective(rl: Any, context: Any) -> Objective:
         Reduction.TOKEN_SUM,
         adapter,
         old_logp_cache=cache,
-        reference_scorer=scorer,
         identity=identity_of(rl),
     )

@@ -1,7 +1,7 @@
 """The ``rl`` section: objective selection, its knobs, and the optimisation schedule.
 
-Which knobs an objective actually reads is enforced by preflight (``posttrain.control``), not
-here: a field validator sees one value, so cross-field rules live in one place.
+Each field validates its own value, once, here. Which knobs an objective actually reads is each
+objective's declaration (``posttrain.algorithm.primitives.reads``), checked by preflight.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from posttrain.algorithm.primitives.choices import (
     RewardScaling,
 )
 from posttrain.config.base import Section
+from posttrain.config.user_code import split_spec
 
 
 class RLConfig(Section):
@@ -26,6 +27,12 @@ class RLConfig(Section):
 
     section_name = "rl"
 
+    objective_builder: str | None = Field(
+        None,
+        description="Your objective builder, `module:function` (`build(rl, context) -> "
+        "Objective`), imported from the working directory first; `--objective` sets it. Unset: "
+        "the entry's built-in objective. It is part of the run's record: resume compares it.",
+    )
     grpo_surrogate: Literal["clipped", "legacy_pg"] = Field(
         "clipped",
         description="GRPO loss: `clipped` (importance ratio against a frozen π_old, epsilon "
@@ -220,6 +227,14 @@ class RLConfig(Section):
         if not math.isfinite(value):
             raise ValueError("must be finite")
         return value
+
+    @field_validator("objective_builder")
+    @classmethod
+    def _check_builder_spec(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        module, attr = split_spec(value, ValueError)
+        return f"{module}:{attr}"
 
     @field_validator("lower_bound_ratio")
     @classmethod

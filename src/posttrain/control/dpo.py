@@ -14,7 +14,7 @@ ONLINE_KNOBS = {
     "rollout": ("n", "temperature", "top_p", "max_tokens", "engine"),
     "reward": ("verifier", "format_weight", "functions", "shared_prefix_mask", "overlong_buffer",
                "overlong_penalty", "mask_truncated"),
-    "rl": ("grpo_surrogate", "importance_sampling_level", "epsilon_low", "epsilon_high",
+    "rl": ("objective_builder", "grpo_surrogate", "importance_sampling_level", "epsilon_low", "epsilon_high",
            "lower_bound_ratio", "temperature", "loss_type", "advantage_estimator",
            "reward_scaling", "advantage_eps", "kl_beta", "kl_estimator", "entropy_coef",
            "dynamic_sampling", "max_sampling_rounds", "mini_batch_per_replica",

@@ -34,6 +34,8 @@ def config_show(args: argparse.Namespace, overrides: list[str]) -> int:
     from posttrain.config import load_config, to_yaml
     from posttrain.control import run_preflight
 
+    if args.objective:  # as the training entries record it
+        overrides = [*overrides, f"rl.objective_builder={args.objective}"]
     config = load_config(args.config, ["--", *overrides])
     warnings = run_preflight(config)
     sys.stdout.write(to_yaml(config))
@@ -51,6 +53,7 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
         description="Resolve RECIPE plus the overrides after `--`, run preflight, print YAML.",
     )
     _add_config_argument(show)
+    _add_objective_argument(show)
     show.set_defaults(handler=config_show)
 
 
@@ -83,6 +86,17 @@ def _add_config_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_objective_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--objective",
+        metavar="MODULE:FUNCTION",
+        default=None,
+        help="your objective builder, build(rl, context) -> Objective, imported by name "
+        "(the working directory is importable); sets rl.objective_builder, recorded in "
+        "config.yaml; default: the entry's built-in objective",
+    )
+
+
 def _train_online(entry: str) -> Callable[[argparse.Namespace, list[str]], int]:
     """The handler of an online entry (``posttrain.entrypoints.<entry>``), imported when run."""
 
@@ -104,13 +118,7 @@ def _add_online(sub: argparse._SubParsersAction, entry: str, help: str, descript
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_config_argument(p)
-    p.add_argument(
-        "--objective",
-        metavar="MODULE:FUNCTION",
-        default=None,
-        help="your objective builder, build(rl, context) -> Objective, imported by name "
-        "(the working directory is importable); default: the entry's built-in objective",
-    )
+    _add_objective_argument(p)
     p.set_defaults(handler=_train_online(entry))
 
 

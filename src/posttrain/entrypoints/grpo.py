@@ -3,9 +3,9 @@
     posttrain grpo --config RECIPE [--objective module:function] -- section.key=value ...
     python -m posttrain.entrypoints.grpo --config RECIPE -- ...
 
-The objective is whatever the builder returns: ``config.build.build_objective`` (the surrogate
-``rl.grpo_surrogate`` selects) unless ``--objective`` names another one. This file holds no loss
-math and no loop (``online.py``).
+The objective is whatever the builder returns: the built-in (the surrogate ``rl.grpo_surrogate``
+selects) unless ``rl.objective_builder`` (``--objective``) names another one
+(``config.build.objective_builder``). This file holds no loss math and no loop (``online.py``).
 """
 
 from __future__ import annotations
@@ -16,14 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.config import PosttrainConfig, load_config
-from posttrain.config.build import build_objective
-from posttrain.config.user_code import import_callable
+from posttrain.config.build import objective_builder
 from posttrain.control.opd import check_entry
 from posttrain.entrypoints import online
 from posttrain.run.records import default_out_dir, quiet_libraries
-
-#: Settings the GRPO entry pins after the user's overrides (none: GRPO is the default algorithm).
-PINNED_OPTS: tuple[str, ...] = ()
 
 
 def run(
@@ -35,16 +31,15 @@ def run(
 ) -> dict[str, Any]:
     """Train ``config`` with the objective ``build_objective_fn(rl, context)`` returns."""
     check_entry(config, "grpo")  # job.algorithm=opd belongs to `posttrain opd`
-    return online.run(
-        config, config_path, opts, out_dir, build_objective_fn, pinned_opts=PINNED_OPTS
-    )
+    return online.run(config, config_path, opts, out_dir, build_objective_fn)
 
 
 def train_from_cli(config_path: str, opts: Sequence[str], objective: str | None = None) -> int:
     """``posttrain grpo``: resolve, train, print where the run went and held-out accuracy."""
     quiet_libraries()
-    builder = import_callable(objective, "--objective") if objective else build_objective
+    opts = [*opts, f"rl.objective_builder={objective}"] if objective else list(opts)
     config = load_config(config_path, ["--", *opts])
+    builder = objective_builder(config)  # the recipe's or --objective's, else the built-in
     online.report(run(config, config_path, opts, default_out_dir(config), builder))
     return 0
 

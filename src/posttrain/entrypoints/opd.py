@@ -19,7 +19,7 @@ from typing import Any
 
 from posttrain.algorithm.opd import make_objective
 from posttrain.config import PosttrainConfig, load_config
-from posttrain.config.user_code import import_callable
+from posttrain.config.build import objective_builder
 from posttrain.control import run_preflight
 from posttrain.control.opd import check_entry
 from posttrain.entrypoints import online
@@ -55,8 +55,9 @@ def run(
 def train_from_cli(config_path: str, opts: Sequence[str], objective: str | None = None) -> int:
     """``posttrain opd``: resolve, distil, print where the run went and held-out accuracy."""
     quiet_libraries()
-    builder = import_callable(objective, "--objective") if objective else make_objective
+    opts = [*opts, f"rl.objective_builder={objective}"] if objective else list(opts)
     config = load_config(config_path, ["--", *opts])
+    builder = objective_builder(config)  # the recipe's or --objective's, else the built-in
     online.report(run(config, config_path, opts, default_out_dir(config), builder))
     return 0
 

@@ -174,12 +174,7 @@ def reduce_policy_gradient_loss(
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
     if loss_type == "seq-mean-token-sum-fixed":
-        if isinstance(max_response_length, bool) or not isinstance(max_response_length, int):
-            raise ValueError(
-                f"seq-mean-token-sum-fixed needs max_response_length as a positive int, got {max_response_length!r}"
-            )
-        if max_response_length <= 0:
-            raise ValueError(f"max_response_length must be > 0, got {max_response_length}")
+        check_max_response_length(max_response_length)
     elif max_response_length is not None and not isinstance(max_response_length, int):
         raise ValueError(f"max_response_length must be an int, got {max_response_length!r}")
 
@@ -205,6 +200,18 @@ def check_max_response_length(value: object) -> int:
             f"context.max_response_length (rollout.max_tokens) must be a positive int, got {value!r}"
         )
     return value
+
+
+#: Reductions that sum a response's tokens, so a response weighs in proportion to its length.
+LENGTH_WEIGHTED_LOSS_TYPES = ("seq-mean-token-sum", "seq-mean-token-sum-fixed")
+
+
+def response_bound(loss_type: str, context: object) -> int | None:
+    """What a builder passes as ``max_response_length``: the rollout bound for the reduction
+    that divides by it (``seq-mean-token-sum-fixed``), checked now; None for the others."""
+    if loss_type != "seq-mean-token-sum-fixed":
+        return None
+    return check_max_response_length(getattr(context, "max_response_length", None))
 
 
 def token_sum_loss(
