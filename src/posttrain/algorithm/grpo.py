@@ -1,8 +1,10 @@
 """The GRPO-family objective: ``rl`` config section -> :class:`Objective`.
 
 ``rl.grpo_surrogate`` selects the surrogate: ``clipped`` (PPO-style ratio against a frozen π_old,
-asymmetric and dual clipping, token or sequence (GSPO) ratio, optional KL anchor) or
-``legacy_pg`` (plain ``-A * logp``, kept for toy and parity runs). Dr-GRPO and GSPO are config
+asymmetric and dual clipping, token or sequence (GSPO) ratio, optional KL anchor), ``cispo``
+(MiniMax-M1: the clipped importance weight, detached, times ``-A * logp``; same KL anchor,
+entropy bonus and reductions) or ``legacy_pg`` (plain ``-A * logp``, kept for toy and parity
+runs). Dr-GRPO and GSPO are config
 choices on ``clipped``; no other objective exists for them.
 
 ``legacy_pg`` is TOKEN_SUM with the ``token-mean`` reduction: its loss is the mean over all
@@ -27,6 +29,7 @@ from posttrain.algorithm.primitives.objective import (
     ReferenceScorer,
 )
 from posttrain.algorithm.primitives.policy_gradient import (
+    cispo_policy_gradient_loss,
     clipped_policy_gradient_loss,
     legacy_policy_gradient_loss,
     masked_mean,
@@ -96,6 +99,13 @@ _LEGACY_UNREAD = {
     "rl.rollout_is_cap": "no importance correction",
 }
 
+#: What CISPO leaves out of the clipped surrogate's knobs.
+_CISPO_UNREAD = {
+    "rl.epsilon_low": "its importance weight has no lower bound",
+    "rl.lower_bound_ratio": "no dual clip",
+    "rl.importance_sampling_level": "it weights each token",
+}
+
 
 def reads(config: Any) -> Reads:
     """The knobs the GRPO objective ``rl.grpo_surrogate`` selects reads under ``config``."""
@@ -109,7 +119,10 @@ def reads(config: Any) -> Reads:
     keys = set(CLIPPED_KNOBS) | {"rl.grpo_surrogate"}
     unread: dict[str, str] = {}
     by = f"rl.grpo_surrogate={surrogate}"
-    if rl.importance_sampling_level == "sequence":
+    if surrogate == "cispo":
+        keys -= set(_CISPO_UNREAD)
+        unread.update(_CISPO_UNREAD)
+    elif rl.importance_sampling_level == "sequence":
         by += ", rl.importance_sampling_level=sequence"
         keys.discard("rl.lower_bound_ratio")
         unread["rl.lower_bound_ratio"] = "the dual clip bounds a per-token ratio"
@@ -132,6 +145,8 @@ def identity_of(rl: Any) -> dict[str, Any]:
         "temperature": float(rl.temperature),
         "kl_beta": float(rl.kl_beta),
     }
+    if rl.grpo_surrogate == "cispo":
+        del ident["epsilon_low"], ident["lower_bound_ratio"]
     if rl.kl_beta > 0:
         ident["kl_estimator"] = rl.kl_estimator
     if rl.entropy_coef:
@@ -159,7 +174,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
     ``kl_estimator`` and ``rollout_is_cap`` (0: off; else the policy-gradient term of each token
     is weighted by ``min(π_old / π_rollout, cap)``; the KL term is not), and optionally
     ``entropy_coef`` (the clipped surrogate's entropy bonus: ``- entropy_coef * H_t`` per token,
-    reduced by ``loss_type`` like the policy loss). Both surrogates report the true per-token
+    reduced by ``loss_type`` like the policy loss). Every surrogate reports the true per-token
     entropy ``H_t`` of the policy at the loss temperature as ``pg/entropy``.
     ``context`` carries ``max_response_length`` (the rollout bound, for
     ``seq-mean-token-sum-fixed``) and, when ``kl_beta > 0``, ``reference_model``: the frozen
@@ -201,6 +216,15 @@ def make_objective(rl: Any, context: Any) -> Objective:
         float(rl.epsilon_high),
         float(rl.lower_bound_ratio),
     )
+    cispo = rl.grpo_surrogate == "cispo"
+
+    def surrogate(logp: Tensor, old: Tensor, adv: Tensor, m: Tensor):
+        if cispo:
+            return cispo_policy_gradient_loss(logp, old, adv, m, epsilon_high=eps_high)
+        return clipped_policy_gradient_loss(
+            logp, old, adv, m, epsilon_low=eps_low, epsilon_high=eps_high,
+            lower_bound_ratio=lbr, importance_sampling_level=level,
+        )  # fmt: skip
 
     def clipped(model: nn.Module, batch: TrajectoryBatch):
         adv = _require_advantages(batch)
@@ -209,16 +233,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
         )
         m = batch.response_mask
         old = cache.old_logprobs(batch, logp)
-        per_token, metrics = clipped_policy_gradient_loss(
-            logp,
-            old,
-            adv,
-            m,
-            epsilon_low=eps_low,
-            epsilon_high=eps_high,
-            lower_bound_ratio=lbr,
-            importance_sampling_level=level,
-        )
+        per_token, metrics = surrogate(logp, old, adv, m)
         if batch.rollout_logprobs is not None:
             metrics["rollout_logprob_abs_diff"] = logprob_abs_diff(old, batch.rollout_logprobs, m)
             if is_cap > 0:

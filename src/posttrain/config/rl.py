@@ -33,11 +33,12 @@ class RLConfig(Section):
         "Objective`), imported from the working directory first; `--objective` sets it. Unset: "
         "the entry's built-in objective. It is part of the run's record: resume compares it.",
     )
-    grpo_surrogate: Literal["clipped", "legacy_pg"] = Field(
+    grpo_surrogate: Literal["clipped", "cispo", "legacy_pg"] = Field(
         "clipped",
         description="GRPO loss: `clipped` (importance ratio against a frozen π_old, epsilon "
-        "and dual clip, loss temperature, configurable reduction) or `legacy_pg` (plain "
-        "-A·log π, token mean; for toy runs and parity checks).",
+        "and dual clip, loss temperature, configurable reduction), `cispo` (MiniMax-M1: "
+        "-sg(min(ratio, 1 + epsilon_high))·A·log π, every token keeps its gradient) or "
+        "`legacy_pg` (plain -A·log π, token mean; for toy runs and parity checks).",
     )
     importance_sampling_level: Literal["token", "sequence"] = Field(
         "token",
@@ -65,7 +66,7 @@ class RLConfig(Section):
     temperature: float = Field(
         1.0,
         gt=0,
-        description="Temperature the loss scores logprobs at (clipped surrogate only); must "
+        description="Temperature the loss scores logprobs at (`clipped` and `cispo`); must "
         "equal `rollout.temperature`.",
     )
     loss_type: LossType = Field(
@@ -97,7 +98,7 @@ class RLConfig(Section):
         0.0,
         ge=0,
         description="Weight of the KL penalty to a frozen reference model; 0 builds no "
-        "reference. Only the clipped surrogate has a KL term.",
+        "reference. `clipped` and `cispo` have a KL term, `legacy_pg` none.",
     )
     kl_estimator: KLEstimator = Field(
         "k3",
@@ -185,7 +186,7 @@ class RLConfig(Section):
         0.0,
         ge=0,
         description="Truncated importance-sampling correction for the sampler-trainer gap "
-        "(clipped surrogate only): each token's policy-gradient term is weighted by "
+        "(`clipped` and `cispo`): each token's policy-gradient term is weighted by "
         "min(π_old / π_rollout, cap). 0 turns it off. Matters when the rollout samples with "
         "other weights than the trainer scores with (`rollout.dtype`).",
     )
