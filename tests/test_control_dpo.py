@@ -13,6 +13,8 @@ from preflight_cases import DPO, Case, check_case, covered  # noqa: E402
 from posttrain.control import dpo  # noqa: E402
 
 CASES: list[Case] = [
+    ("dpo_reads_no_online_knobs", [*DPO, "rl.rollout_is_cap=2", "teacher.top_k=8"],
+     "rl.rollout_is_cap=2.0, teacher.top_k=8 are never read by job.algorithm=dpo", DPO),
     ("dpo_reads_no_online_knobs", [*DPO, "rl.kl_beta=0.1", "rollout.n=4"],
      "rollout.n=4, rl.kl_beta=0.1 are never read by job.algorithm=dpo", DPO),
     ("dpo_knobs_without_dpo", ["dpo.beta=2"], "dpo.beta=2.0 is read only by Diffusion DPO",
