@@ -112,9 +112,8 @@ class PosttrainSide:
         self.clock.watch(
             policy.model, lambda: "policy_fwd" if torch.is_grad_enabled() else "pi_old_fwd"
         )
-        scorer = policy.objective.reference_scorer
-        if scorer is not None:
-            self.clock.watch(scorer.module, lambda: "reference_fwd")
+        for reference in policy.trainer.auxiliary_models:  # the frozen reference, if any
+            self.clock.watch(reference, lambda: "reference_fwd")
         self.cursor = 0
         self.step_cursors: dict[int, int] = {}  # the data cursor each step starts from
         self.w = w

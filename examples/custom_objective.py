@@ -45,7 +45,6 @@ def with_logprob_bonus(base: Objective, coef: float = BONUS) -> Objective:
         base.reduction,
         base.metric_adapter.extended({"logprob_bonus": "custom/logprob_bonus"}),
         old_logp_cache=base.old_logp_cache,
-        reference_scorer=base.reference_scorer,
         identity={**base.identity, "logprob_bonus": coef},
     )
 

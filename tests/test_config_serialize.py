@@ -38,6 +38,10 @@ _SPECIAL: dict[str, st.SearchStrategy] = {
     "reward.functions": st.lists(
         st.from_regex(r"[a-z_][a-z0-9_.]{0,6}:[a-z_][a-z0-9_]{0,6}", fullmatch=True), max_size=3
     ),
+    "rl.objective_builder": st.none()
+    | st.from_regex(
+        r"[a-z_][a-z0-9_]{0,6}(\.[a-z_][a-z0-9_]{0,4})?:[a-z_][a-z0-9_]{0,6}", fullmatch=True
+    ),
     "data.reasoning_gym_options": st.dictionaries(
         st.from_regex(r"[a-z_]{1,8}", fullmatch=True),
         _SCALAR | st.lists(_SCALAR, max_size=3),

@@ -146,7 +146,7 @@ def make_dpo_objective(
         "num_train_timesteps": T,
         "weighting": "constant" if low == 0 else f"constant for t >= {low}, else 0",
     }
-    return Objective(fn, Reduction.MEAN, adapter, reference_scorer=reference, identity=identity)
+    return Objective(fn, Reduction.MEAN, adapter, identity=identity)
 
 
 _DPO_METRICS = (

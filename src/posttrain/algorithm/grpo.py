@@ -1,8 +1,10 @@
 """The GRPO-family objective: ``rl`` config section -> :class:`Objective`.
 
 ``rl.grpo_surrogate`` selects the surrogate: ``clipped`` (PPO-style ratio against a frozen π_old,
-asymmetric and dual clipping, token or sequence (GSPO) ratio, optional KL anchor) or
-``legacy_pg`` (plain ``-A * logp``, kept for toy and parity runs). Dr-GRPO and GSPO are config
+asymmetric and dual clipping, token or sequence (GSPO) ratio, optional KL anchor), ``cispo``
+(MiniMax-M1: the clipped importance weight, detached, times ``-A * logp``; same KL anchor,
+entropy bonus and reductions) or ``legacy_pg`` (plain ``-A * logp``, kept for toy and parity
+runs). Dr-GRPO and GSPO are config
 choices on ``clipped``; no other objective exists for them.
 
 ``legacy_pg`` is TOKEN_SUM with the ``token-mean`` reduction: its loss is the mean over all
@@ -15,6 +17,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from posttrain.algorithm.annotators.advantage import ADVANTAGE_KNOBS, advantage_reads
 from posttrain.algorithm.primitives.divergence import kl_penalty
 from posttrain.algorithm.primitives.objective import (
     OBJECTIVE_WEIGHT_SUM,
@@ -26,13 +29,14 @@ from posttrain.algorithm.primitives.objective import (
     ReferenceScorer,
 )
 from posttrain.algorithm.primitives.policy_gradient import (
-    LOSS_TYPES,
-    check_max_response_length,
+    cispo_policy_gradient_loss,
     clipped_policy_gradient_loss,
     legacy_policy_gradient_loss,
     masked_mean,
+    response_bound,
     token_sum_loss,
 )
+from posttrain.algorithm.primitives.reads import Reads, declare_reads
 from posttrain.algorithm.primitives.rollout_correction import (
     logprob_abs_diff,
     truncated_is_weights,
@@ -72,12 +76,68 @@ def _require_advantages(batch: TrajectoryBatch) -> Tensor:
     return batch.advantages
 
 
+#: The clipped surrogate's own knobs (beside the advantage's): what ``legacy_pg`` never reads.
+CLIPPED_KNOBS = frozenset({
+    "rl.importance_sampling_level", "rl.epsilon_low", "rl.epsilon_high", "rl.lower_bound_ratio",
+    "rl.temperature", "rl.loss_type", "rl.kl_beta", "rl.kl_estimator", "rl.entropy_coef",
+    "rl.rollout_is_cap",
+})  # fmt: skip
+
+#: Every knob a GRPO-family objective may read.
+KNOBS = frozenset({"rl.grpo_surrogate"}) | CLIPPED_KNOBS | ADVANTAGE_KNOBS
+
+_LEGACY_UNREAD = {
+    "rl.importance_sampling_level": "no importance ratio; select rl.grpo_surrogate=clipped",
+    "rl.epsilon_low": "no ratio clip",
+    "rl.epsilon_high": "no ratio clip",
+    "rl.lower_bound_ratio": "no ratio clip",
+    "rl.temperature": "it scores at temperature 1",
+    "rl.loss_type": "always the token mean",
+    "rl.kl_beta": "no KL term",
+    "rl.kl_estimator": "no KL term",
+    "rl.entropy_coef": "no entropy term",
+    "rl.rollout_is_cap": "no importance correction",
+}
+
+#: What CISPO leaves out of the clipped surrogate's knobs.
+_CISPO_UNREAD = {
+    "rl.epsilon_low": "its importance weight has no lower bound",
+    "rl.lower_bound_ratio": "no dual clip",
+    "rl.importance_sampling_level": "it weights each token",
+}
+
+
+def reads(config: Any) -> Reads:
+    """The knobs the GRPO objective ``rl.grpo_surrogate`` selects reads under ``config``."""
+    rl = config.rl
+    surrogate = rl.grpo_surrogate
+    if surrogate == "legacy_pg":
+        base = Reads(
+            frozenset({"rl.grpo_surrogate"}), "rl.grpo_surrogate=legacy_pg", _LEGACY_UNREAD
+        )
+        return base | advantage_reads(config)
+    keys = set(CLIPPED_KNOBS) | {"rl.grpo_surrogate"}
+    unread: dict[str, str] = {}
+    by = f"rl.grpo_surrogate={surrogate}"
+    if surrogate == "cispo":
+        keys -= set(_CISPO_UNREAD)
+        unread.update(_CISPO_UNREAD)
+    elif rl.importance_sampling_level == "sequence":
+        by += ", rl.importance_sampling_level=sequence"
+        keys.discard("rl.lower_bound_ratio")
+        unread["rl.lower_bound_ratio"] = "the dual clip bounds a per-token ratio"
+    if rl.kl_beta == 0:
+        keys.discard("rl.kl_estimator")
+        unread["rl.kl_estimator"] = "no KL anchor with rl.kl_beta=0"
+    return Reads(frozenset(keys), by, unread) | advantage_reads(config)
+
+
 def identity_of(rl: Any) -> dict[str, Any]:
     """The values that define the algorithm; token-level runs omit the sequence-level key."""
     if rl.grpo_surrogate == "legacy_pg":
         return {"grpo_surrogate": "legacy_pg", "loss_type": "token-mean"}
     ident = {
-        "grpo_surrogate": "clipped",
+        "grpo_surrogate": rl.grpo_surrogate,
         "loss_type": rl.loss_type,
         "epsilon_low": float(rl.epsilon_low),
         "epsilon_high": float(rl.epsilon_high),
@@ -85,6 +145,8 @@ def identity_of(rl: Any) -> dict[str, Any]:
         "temperature": float(rl.temperature),
         "kl_beta": float(rl.kl_beta),
     }
+    if rl.grpo_surrogate == "cispo":
+        del ident["epsilon_low"], ident["lower_bound_ratio"]
     if rl.kl_beta > 0:
         ident["kl_estimator"] = rl.kl_estimator
     if rl.entropy_coef:
@@ -103,6 +165,7 @@ def _finish(per_token: Tensor, mask: Tensor, loss_type: str, max_len: int | None
     return loss, metrics
 
 
+@declare_reads(reads)
 def make_objective(rl: Any, context: Any) -> Objective:
     """Build the configured GRPO-family objective.
 
@@ -111,11 +174,12 @@ def make_objective(rl: Any, context: Any) -> Objective:
     ``kl_estimator`` and ``rollout_is_cap`` (0: off; else the policy-gradient term of each token
     is weighted by ``min(π_old / π_rollout, cap)``; the KL term is not), and optionally
     ``entropy_coef`` (the clipped surrogate's entropy bonus: ``- entropy_coef * H_t`` per token,
-    reduced by ``loss_type`` like the policy loss). Both surrogates report the true per-token
+    reduced by ``loss_type`` like the policy loss). Every surrogate reports the true per-token
     entropy ``H_t`` of the policy at the loss temperature as ``pg/entropy``.
     ``context`` carries ``max_response_length`` (the rollout bound, for
     ``seq-mean-token-sum-fixed``) and, when ``kl_beta > 0``, ``reference_model``: the frozen
-    network the entry also hands to the trainer as an auxiliary model.
+    network the placement also hands to the trainer as an auxiliary model. Each value is
+    validated once, by the config section; :func:`reads` declares which ones a surrogate reads.
     """
     adapter = MetricAdapter(GRPO_METRICS, reductions=GRPO_REDUCTIONS)
     if rl.grpo_surrogate == "legacy_pg":
@@ -133,23 +197,11 @@ def make_objective(rl: Any, context: Any) -> Objective:
 
         return Objective(legacy, Reduction.TOKEN_SUM, adapter, identity=identity_of(rl))
 
-    if rl.grpo_surrogate != "clipped":
-        raise ValueError(
-            f"rl.grpo_surrogate must be 'clipped' or 'legacy_pg', got {rl.grpo_surrogate!r}"
-        )
-    if rl.loss_type not in LOSS_TYPES:
-        raise ValueError(f"rl.loss_type must be one of {LOSS_TYPES}, got {rl.loss_type!r}")
-    max_len = getattr(context, "max_response_length", None)
-    if rl.loss_type == "seq-mean-token-sum-fixed":
-        max_len = check_max_response_length(max_len)
+    max_len = response_bound(rl.loss_type, context)
     temperature = float(rl.temperature)
     kl_beta = float(rl.kl_beta)
     entropy_coef = float(rl.entropy_coef)
-    if entropy_coef < 0:
-        raise ValueError(f"rl.entropy_coef must be >= 0, got {entropy_coef}")
     scorer = None
-    if kl_beta < 0:
-        raise ValueError(f"rl.kl_beta must be >= 0, got {kl_beta}")
     if kl_beta > 0:
         ref = getattr(context, "reference_model", None)
         if ref is None:
@@ -164,6 +216,15 @@ def make_objective(rl: Any, context: Any) -> Objective:
         float(rl.epsilon_high),
         float(rl.lower_bound_ratio),
     )
+    cispo = rl.grpo_surrogate == "cispo"
+
+    def surrogate(logp: Tensor, old: Tensor, adv: Tensor, m: Tensor):
+        if cispo:
+            return cispo_policy_gradient_loss(logp, old, adv, m, epsilon_high=eps_high)
+        return clipped_policy_gradient_loss(
+            logp, old, adv, m, epsilon_low=eps_low, epsilon_high=eps_high,
+            lower_bound_ratio=lbr, importance_sampling_level=level,
+        )  # fmt: skip
 
     def clipped(model: nn.Module, batch: TrajectoryBatch):
         adv = _require_advantages(batch)
@@ -172,16 +233,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
         )
         m = batch.response_mask
         old = cache.old_logprobs(batch, logp)
-        per_token, metrics = clipped_policy_gradient_loss(
-            logp,
-            old,
-            adv,
-            m,
-            epsilon_low=eps_low,
-            epsilon_high=eps_high,
-            lower_bound_ratio=lbr,
-            importance_sampling_level=level,
-        )
+        per_token, metrics = surrogate(logp, old, adv, m)
         if batch.rollout_logprobs is not None:
             metrics["rollout_logprob_abs_diff"] = logprob_abs_diff(old, batch.rollout_logprobs, m)
             if is_cap > 0:
@@ -207,6 +259,5 @@ def make_objective(rl: Any, context: Any) -> Objective:
         Reduction.TOKEN_SUM,
         adapter,
         old_logp_cache=cache,
-        reference_scorer=scorer,
         identity=identity_of(rl),
     )

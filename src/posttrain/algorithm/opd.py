@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posttrain.algorithm.annotators.advantage import ADVANTAGE_KNOBS
 from posttrain.algorithm.grpo import GRPO_METRICS, GRPO_REDUCTIONS
-from posttrain.algorithm.primitives.choices import DIVERGENCES
+from posttrain.algorithm.grpo import KNOBS as GRPO_KNOBS
 from posttrain.algorithm.primitives.divergence import topk_divergence
 from posttrain.algorithm.primitives.objective import (
     OBJECTIVE_WEIGHT_SUM,
@@ -33,12 +34,12 @@ from posttrain.algorithm.primitives.objective import (
     Reduction,
 )
 from posttrain.algorithm.primitives.policy_gradient import (
-    LOSS_TYPES,
-    check_max_response_length,
     clipped_policy_gradient_loss,
     masked_mean,
+    response_bound,
     token_sum_loss,
 )
+from posttrain.algorithm.primitives.reads import Reads, declare_reads
 from posttrain.data.logprobs import response_logits, response_logprobs, token_logprobs
 from posttrain.data.trajectory import TrajectoryBatch
 
@@ -57,6 +58,38 @@ OPD_METRICS = {
     "advantage_mean": "opd/advantage_mean",
     **{name: GRPO_METRICS[name] for name in _PG_DIAGNOSTICS},
 }
+
+
+_CLIP = ("rl.epsilon_low", "rl.epsilon_high", "rl.lower_bound_ratio")
+_DIRECT = ("rl.divergence", "rl.jsd_beta", "teacher.top_k")
+
+#: Every knob an OPD objective may read.
+KNOBS = frozenset({"rl.distillation_mode", "rl.loss_type", "rl.temperature", *_CLIP, *_DIRECT})
+
+#: Knobs of the GRPO family that no OPD mode reads, and why.
+_UNREAD = {
+    **dict.fromkeys(GRPO_KNOBS - KNOBS, "the teacher is the signal, on the clipped surrogate"),
+    **dict.fromkeys(ADVANTAGE_KNOBS, "the teacher is the signal, not the task reward"),
+    "rl.importance_sampling_level": "its signal is per token; use rl.importance_sampling_level=token",
+}
+
+
+def reads(config: Any) -> Reads:
+    """The knobs the OPD objective ``rl.distillation_mode`` selects reads under ``config``."""
+    rl = config.rl
+    mode = rl.distillation_mode
+    keys = {"rl.distillation_mode", "rl.loss_type", "rl.temperature"}
+    unread = dict(_UNREAD)
+    if mode == "advantage":
+        keys.update(_CLIP)
+        unread.update(dict.fromkeys(_DIRECT, "read only with rl.distillation_mode=direct"))
+    else:
+        keys.update(_DIRECT)
+        unread.update(dict.fromkeys(_CLIP, "no ratio, no clip"))
+        if rl.divergence != "jsd":
+            keys.discard("rl.jsd_beta")
+            unread["rl.jsd_beta"] = "read only by rl.divergence=jsd"
+    return Reads(frozenset(keys), f"OPD, rl.distillation_mode={mode}", unread)
 
 
 def identity_of(rl: Any, teacher_top_k: int | None = None) -> dict[str, Any]:
@@ -97,6 +130,7 @@ def _as_token_sum(per_token: Tensor, m: Tensor, loss_type: str, max_len, metrics
     return loss, metrics
 
 
+@declare_reads(reads)
 def make_objective(rl: Any, context: Any) -> Objective:
     """Build the OPD objective selected by ``rl.distillation_mode``.
 
@@ -105,15 +139,8 @@ def make_objective(rl: Any, context: Any) -> Objective:
     ``jsd_beta``. ``context`` carries ``max_response_length`` (for ``seq-mean-token-sum-fixed``)
     and ``teacher_top_k`` (recorded in the direct mode's identity).
     """
-    mode = rl.distillation_mode
-    if mode not in ("advantage", "direct"):
-        raise ValueError(f"rl.distillation_mode must be 'advantage' or 'direct', got {mode!r}")
-    loss_type = rl.loss_type
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"rl.loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
-    max_len = getattr(context, "max_response_length", None)
-    if loss_type == "seq-mean-token-sum-fixed":
-        max_len = check_max_response_length(max_len)
+    mode, loss_type = rl.distillation_mode, rl.loss_type
+    max_len = response_bound(loss_type, context)
     temperature = float(rl.temperature)
     adapter = MetricAdapter(OPD_METRICS, reductions=GRPO_REDUCTIONS)
     identity = identity_of(rl, getattr(context, "teacher_top_k", None))
@@ -152,8 +179,6 @@ def _advantage_objective(rl, loss_type, max_len, temperature, adapter, identity)
 
 def _direct_objective(rl, loss_type, max_len, temperature, adapter, identity) -> Objective:
     kind, beta = rl.divergence, float(rl.jsd_beta)
-    if kind not in DIVERGENCES:
-        raise ValueError(f"rl.divergence must be one of {DIVERGENCES}, got {kind!r}")
 
     def direct(model: nn.Module, batch: TrajectoryBatch):
         teacher = _teacher_logprobs(batch)

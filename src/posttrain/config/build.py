@@ -1,19 +1,32 @@
-"""Config -> objective: the default module-level builder and the context it receives.
+"""Config -> objective: which builder a run uses, what it reads, and the context it receives.
 
-The builder is a plain module-level function so that it pickles by reference into Ray workers;
-``functools.partial`` over plain values is fine too.
+The builder is part of the run's record: ``rl.objective_builder`` names a user's builder by import
+path (``--objective`` sets it, a recipe may too), else the entry's built-in for ``job.algorithm``
+serves. Either way it is a module-level function (or a ``functools.partial`` of one over plain
+values), so it pickles by reference into Ray workers. What it reads is its declaration
+(:mod:`posttrain.algorithm.primitives.reads`): preflight refuses the knobs it does not read, and
+the placement builds a reference model only when it reads ``rl.kl_beta``.
 """
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 from typing import Any
 
 from torch import nn
 
-from posttrain.algorithm.grpo import make_objective
+from posttrain.algorithm import grpo, opd
 from posttrain.algorithm.primitives.objective import Objective
-from posttrain.config.schema import PosttrainConfig
+from posttrain.algorithm.primitives.reads import Reads, reads_of
+from posttrain.config.schema import PosttrainConfig, objective_family
+from posttrain.config.user_code import BuilderError, check_builder, import_callable
+
+#: The built-in builder of each online family: what an undeclared custom builder is taken to wrap.
+BUILTIN_BUILDERS = {"grpo": grpo.make_objective, "opd": opd.make_objective}
+
+#: Every knob a built-in online objective may read: the universe preflight checks for reads.
+OBJECTIVE_KNOBS = grpo.KNOBS | opd.KNOBS
 
 
 def objective_context(config: PosttrainConfig, reference_model: nn.Module | None = None) -> Any:
@@ -31,4 +44,51 @@ def objective_context(config: PosttrainConfig, reference_model: nn.Module | None
 
 def build_objective(rl: Any, context: Any) -> Objective:
     """The GRPO-family objective selected by ``rl.grpo_surrogate``."""
-    return make_objective(rl, context)
+    return grpo.make_objective(rl, context)
+
+
+def build_named(spec: str, rl: Any, context: Any) -> Objective:
+    """Call the builder ``spec`` names; anything but an :class:`Objective` is a one-line error."""
+    builder = import_callable(spec, "rl.objective_builder")
+    objective = builder(rl, context)
+    if not isinstance(objective, Objective):
+        raise BuilderError(
+            f"the objective builder {spec} returned {type(objective).__name__}, not an Objective; "
+            "return posttrain.algorithm.primitives.objective.Objective(fn, ...)"
+        )
+    return objective
+
+
+def user_builder(config: PosttrainConfig) -> Any | None:
+    """The user's builder function ``rl.objective_builder`` names (checked), or None."""
+    spec = config.rl.objective_builder
+    if spec is None:
+        return None
+    fn = import_callable(spec, "rl.objective_builder")
+    check_builder(fn)
+    return fn
+
+
+def objective_builder(config: PosttrainConfig) -> Any:
+    """The builder a run of ``config`` uses: the one ``rl.objective_builder`` names (wrapped so
+    its result is checked), else the built-in of ``job.algorithm``'s family."""
+    if user_builder(config) is not None:
+        return functools.partial(build_named, config.rl.objective_builder)
+    family = objective_family(config)
+    if family not in BUILTIN_BUILDERS:
+        raise BuilderError(f"job.algorithm={config.job.algorithm} has no online objective builder")
+    return BUILTIN_BUILDERS[family]
+
+
+def objective_reads(config: PosttrainConfig) -> Reads | None:
+    """What the run's objective reads (None for DPO, whose entry builds its own objective)."""
+    family = objective_family(config)
+    if family not in BUILTIN_BUILDERS:
+        return None
+    return reads_of(config, user_builder(config), BUILTIN_BUILDERS[family])
+
+
+def needs_reference(config: PosttrainConfig) -> bool:
+    """Whether the run needs a frozen reference: its objective reads ``rl.kl_beta`` and it is > 0."""
+    reads = objective_reads(config)
+    return reads is not None and reads.reads("rl.kl_beta") and config.rl.kl_beta > 0

@@ -1,7 +1,7 @@
 """The ``rl`` section: objective selection, its knobs, and the optimisation schedule.
 
-Which knobs an objective actually reads is enforced by preflight (``posttrain.control``), not
-here: a field validator sees one value, so cross-field rules live in one place.
+Each field validates its own value, once, here. Which knobs an objective actually reads is each
+objective's declaration (``posttrain.algorithm.primitives.reads``), checked by preflight.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from posttrain.algorithm.primitives.choices import (
     RewardScaling,
 )
 from posttrain.config.base import Section
+from posttrain.config.user_code import split_spec
 
 
 class RLConfig(Section):
@@ -26,11 +27,18 @@ class RLConfig(Section):
 
     section_name = "rl"
 
-    grpo_surrogate: Literal["clipped", "legacy_pg"] = Field(
+    objective_builder: str | None = Field(
+        None,
+        description="Your objective builder, `module:function` (`build(rl, context) -> "
+        "Objective`), imported from the working directory first; `--objective` sets it. Unset: "
+        "the entry's built-in objective. It is part of the run's record: resume compares it.",
+    )
+    grpo_surrogate: Literal["clipped", "cispo", "legacy_pg"] = Field(
         "clipped",
         description="GRPO loss: `clipped` (importance ratio against a frozen π_old, epsilon "
-        "and dual clip, loss temperature, configurable reduction) or `legacy_pg` (plain "
-        "-A·log π, token mean; for toy runs and parity checks).",
+        "and dual clip, loss temperature, configurable reduction), `cispo` (MiniMax-M1: "
+        "-sg(min(ratio, 1 + epsilon_high))·A·log π, every token keeps its gradient) or "
+        "`legacy_pg` (plain -A·log π, token mean; for toy runs and parity checks).",
     )
     importance_sampling_level: Literal["token", "sequence"] = Field(
         "token",
@@ -58,7 +66,7 @@ class RLConfig(Section):
     temperature: float = Field(
         1.0,
         gt=0,
-        description="Temperature the loss scores logprobs at (clipped surrogate only); must "
+        description="Temperature the loss scores logprobs at (`clipped` and `cispo`); must "
         "equal `rollout.temperature`.",
     )
     loss_type: LossType = Field(
@@ -90,7 +98,7 @@ class RLConfig(Section):
         0.0,
         ge=0,
         description="Weight of the KL penalty to a frozen reference model; 0 builds no "
-        "reference. Only the clipped surrogate has a KL term.",
+        "reference. `clipped` and `cispo` have a KL term, `legacy_pg` none.",
     )
     kl_estimator: KLEstimator = Field(
         "k3",
@@ -178,7 +186,7 @@ class RLConfig(Section):
         0.0,
         ge=0,
         description="Truncated importance-sampling correction for the sampler-trainer gap "
-        "(clipped surrogate only): each token's policy-gradient term is weighted by "
+        "(`clipped` and `cispo`): each token's policy-gradient term is weighted by "
         "min(π_old / π_rollout, cap). 0 turns it off. Matters when the rollout samples with "
         "other weights than the trainer scores with (`rollout.dtype`).",
     )
@@ -220,6 +228,14 @@ class RLConfig(Section):
         if not math.isfinite(value):
             raise ValueError("must be finite")
         return value
+
+    @field_validator("objective_builder")
+    @classmethod
+    def _check_builder_spec(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        module, attr = split_spec(value, ValueError)
+        return f"{module}:{attr}"
 
     @field_validator("lower_bound_ratio")
     @classmethod

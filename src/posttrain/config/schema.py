@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from posttrain.config.base import Section
@@ -56,3 +58,12 @@ def all_keys() -> list[str]:
         for name, section in PosttrainConfig.sections().items()
         for field in section.model_fields
     ]
+
+
+def objective_family(config: PosttrainConfig) -> Literal["grpo", "opd", "dpo"]:
+    """``opd`` / ``dpo`` when ``job.algorithm`` starts with that, else ``grpo``: which entry
+    trains the run and whose built-in objective it uses."""
+    for family in ("opd", "dpo"):
+        if config.job.algorithm.startswith(family):
+            return family  # type: ignore[return-value]
+    return "grpo"

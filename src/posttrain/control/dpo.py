@@ -3,26 +3,39 @@ online entries read no ``dpo`` knob."""
 
 from __future__ import annotations
 
-from posttrain.config.schema import PosttrainConfig
+from posttrain.config.build import OBJECTIVE_KNOBS
+from posttrain.config.schema import PosttrainConfig, all_keys
 from posttrain.control.rules import are, changed, error, objective_family
 
-#: Settings of the online loop (sampling, rewards, the GRPO surrogate) that DPO never reads.
-ONLINE_KNOBS = {
+#: Settings of the online loop (prompts, sampling, rewards, the loop's schedule) that DPO never
+#: reads; with every online objective's knobs (their declarations' universe) they make
+#: :data:`ONLINE_KNOBS`.
+_LOOP_KNOBS = {
     "data": ("task", "train_path", "val_path", "reasoning_gym_dataset", "reasoning_gym_options",
              "digits", "operators", "train_size", "val_size", "prompts_per_step",
              "prompt_template"),
     "rollout": ("n", "temperature", "top_p", "max_tokens", "engine"),
-    "reward": ("verifier", "format_weight", "functions", "shared_prefix_mask", "overlong_buffer",
-               "overlong_penalty", "mask_truncated"),
-    "rl": ("grpo_surrogate", "importance_sampling_level", "epsilon_low", "epsilon_high",
-           "lower_bound_ratio", "temperature", "loss_type", "advantage_estimator",
-           "reward_scaling", "advantage_eps", "kl_beta", "kl_estimator", "entropy_coef",
-           "dynamic_sampling", "max_sampling_rounds", "mini_batch_per_replica",
-           "distillation_mode"),
+    "reward": ("verifier", "format_weight", "functions", "shared_prefix_mask", "mask_truncated"),
+    "rl": ("objective_builder", "dynamic_sampling", "max_sampling_rounds",
+           "mini_batch_per_replica"),
     "model": ("tokenizer_path", "certified_deterministic_forward", "gradient_checkpointing",
               "init_preset", "lora_rank", "lora_alpha", "lora_target_modules"),
     "logging": ("train_samples_per_step",),
 }  # fmt: skip
+
+
+def _online_knobs() -> dict[str, tuple[str, ...]]:
+    order = {key: i for i, key in enumerate(all_keys())}
+    keys = {f"{s}.{k}" for s, names in _LOOP_KNOBS.items() for k in names} | OBJECTIVE_KNOBS
+    out: dict[str, tuple[str, ...]] = {}
+    for key in sorted(keys, key=order.__getitem__):
+        section, name = key.split(".")
+        out[section] = (*out.get(section, ()), name)
+    return out
+
+
+#: Section -> the online knobs DPO never reads, in schema order.
+ONLINE_KNOBS = _online_knobs()
 
 
 @error(*(f"{s}.{k}" for s, keys in ONLINE_KNOBS.items() for k in keys))

@@ -6,17 +6,20 @@ the run log before training starts.
 
 from __future__ import annotations
 
+from posttrain.algorithm.primitives.policy_gradient import LENGTH_WEIGHTED_LOSS_TYPES
 from posttrain.config.schema import PosttrainConfig
-from posttrain.control.rules import objective_family, warning
+from posttrain.control.reads import reads_or_none
+from posttrain.control.rules import warning
 
 #: An epsilon at or above this is token-scale: a mean-of-logs sequence ratio rarely moves so far.
 TOKEN_SCALE_EPSILON = 1e-2
 
-_TOKEN_SUM_LOSSES = ("seq-mean-token-sum", "seq-mean-token-sum-fixed")
-
 
 def _sequence_level(cfg: PosttrainConfig) -> bool:
-    return cfg.rl.grpo_surrogate == "clipped" and cfg.rl.importance_sampling_level == "sequence"
+    """The objective reads the ratio level (by its declaration) and it is ``sequence``."""
+    reads = reads_or_none(cfg)
+    level = reads is not None and reads.reads("rl.importance_sampling_level")
+    return level and cfg.rl.importance_sampling_level == "sequence"
 
 
 @warning("rl.importance_sampling_level", "rl.mini_batch_per_replica")
@@ -61,23 +64,11 @@ def sequence_level_bf16_logprobs(cfg: PosttrainConfig) -> str | None:
 def sequence_level_length_weighting(cfg: PosttrainConfig) -> str | None:
     """Token-sum reductions weight each response by its length, while the sequence ratio is
     length-normalised; GSPO pairs it with seq-mean-token-mean."""
-    if not _sequence_level(cfg) or cfg.rl.loss_type not in _TOKEN_SUM_LOSSES:
+    if not _sequence_level(cfg) or cfg.rl.loss_type not in LENGTH_WEIGHTED_LOSS_TYPES:
         return None
     return (
         f"rl.loss_type={cfg.rl.loss_type} at rl.importance_sampling_level=sequence weights "
         "responses by length; GSPO uses seq-mean-token-mean"
-    )
-
-
-@warning("job.algorithm", "rl.distillation_mode")
-def opd_direct_ignores_reward(cfg: PosttrainConfig) -> str | None:
-    """Direct OPD minimises a divergence to the teacher: task reward and group advantage are
-    computed (metrics, validation, prefix masking) but are not training signals."""
-    if objective_family(cfg) != "opd" or cfg.rl.distillation_mode != "direct":
-        return None
-    return (
-        "rl.distillation_mode=direct: task reward and group advantage are not training signals "
-        "(they still drive metrics, validation and reward.shared_prefix_mask)"
     )
 
 
@@ -93,24 +84,10 @@ def dynamic_sampling_batch_baseline(cfg: PosttrainConfig) -> str | None:
     )
 
 
-@warning("job.algorithm", "rl.dynamic_sampling")
-def dynamic_sampling_drops_teacher_signal(cfg: PosttrainConfig) -> str | None:
-    """OPD learns from the teacher's per-token signal, which a group of equal task rewards
-    still carries; dynamic sampling filters on task rewards only."""
-    if not cfg.rl.dynamic_sampling or objective_family(cfg) != "opd":
-        return None
-    return (
-        f"rl.dynamic_sampling=true with job.algorithm={cfg.job.algorithm}: groups of equal task "
-        "rewards are dropped although the teacher's signal on them is not zero"
-    )
-
-
 RULES = (
     sequence_level_on_policy_ratio,
     sequence_level_token_scale_epsilons,
     sequence_level_bf16_logprobs,
     sequence_level_length_weighting,
-    opd_direct_ignores_reward,
     dynamic_sampling_batch_baseline,
-    dynamic_sampling_drops_teacher_signal,
 )

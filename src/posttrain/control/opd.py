@@ -1,9 +1,8 @@
-"""Preflight for on-policy distillation: the teacher section, the OPD knobs, and which entry runs
+"""Preflight for on-policy distillation: the teacher role, OPD's warnings, and which entry runs
 which algorithm.
 
-OPD's training signal is the teacher. Its advantage mode reads the clipped surrogate's knobs
-(epsilons, dual clip, temperature, loss_type) but no group-advantage or KL-anchor knob; its direct
-mode reads no clip knob either. A resolved config that sets a knob its loss never reads is refused.
+Which ``rl`` knobs each OPD mode reads is the OPD objective's declaration
+(``algorithm/opd.py:reads``); ``control/reads.py`` derives those rejections.
 """
 
 from __future__ import annotations
@@ -11,7 +10,14 @@ from __future__ import annotations
 from typing import Literal
 
 from posttrain.config.schema import PosttrainConfig
-from posttrain.control.rules import PreflightError, are, changed, error, objective_family
+from posttrain.control.rules import (
+    PreflightError,
+    are,
+    changed,
+    error,
+    objective_family,
+    warning,
+)
 
 Entry = Literal["grpo", "opd", "dpo"]
 
@@ -54,10 +60,6 @@ def check_entry(cfg: PosttrainConfig, entry: Entry) -> None:
         ])  # fmt: skip
 
 
-def _direct(cfg: PosttrainConfig) -> bool:
-    return objective_family(cfg) == "opd" and cfg.rl.distillation_mode == "direct"
-
-
 @error("job.algorithm", "teacher.name_or_path")
 def opd_needs_teacher(cfg: PosttrainConfig) -> str | None:
     """OPD learns from a teacher; without teacher.name_or_path there is nothing to distil."""
@@ -69,78 +71,45 @@ def opd_needs_teacher(cfg: PosttrainConfig) -> str | None:
     )
 
 
-@error("job.algorithm", "teacher.name_or_path", "teacher.dtype", "teacher.top_k")
+@error("job.algorithm", "teacher.name_or_path", "teacher.dtype")
 def teacher_needs_opd(cfg: PosttrainConfig) -> str | None:
-    """Only OPD builds a teacher; elsewhere a teacher setting would claim a model never loaded."""
+    """Only OPD builds a teacher; elsewhere a teacher setting would claim a model never loaded
+    (teacher.top_k is the direct mode's read: the objective's declaration covers it)."""
     if objective_family(cfg) == "opd":
         return None
-    knobs = changed(cfg.teacher, "name_or_path", "dtype", "top_k")
+    knobs = changed(cfg.teacher, "name_or_path", "dtype")
     if not knobs:
         return None
     return f"{are(knobs)} never read by job.algorithm={cfg.job.algorithm} (no teacher); remove them"
 
 
-@error("job.algorithm", "rl.grpo_surrogate", "rl.kl_beta", "rl.advantage_estimator",
-       "rl.reward_scaling", "rl.advantage_eps", "rl.entropy_coef")  # fmt: skip
-def opd_ignores_group_advantage_knobs(cfg: PosttrainConfig) -> str | None:
-    """OPD's advantage is the teacher-student log-ratio, on the clipped surrogate, with the teacher
-    as the anchor: the surrogate choice, the KL anchor, the group-advantage knobs and the
-    entropy bonus are unread."""
-    if objective_family(cfg) != "opd":
-        return None
-    knobs = changed(
-        cfg.rl, "grpo_surrogate", "kl_beta", "advantage_estimator", "reward_scaling",
-        "advantage_eps", "entropy_coef",
-    )  # fmt: skip
-    if not knobs:
+@warning("job.algorithm", "rl.distillation_mode")
+def opd_direct_ignores_reward(cfg: PosttrainConfig) -> str | None:
+    """Direct OPD minimises a divergence to the teacher: task reward and group advantage are
+    computed (metrics, validation, prefix masking) but are not training signals."""
+    if objective_family(cfg) != "opd" or cfg.rl.distillation_mode != "direct":
         return None
     return (
-        f"{are(knobs)} never read by OPD (job.algorithm={cfg.job.algorithm}: the teacher is the "
-        "signal, on the clipped surrogate); reset them to their defaults"
+        "rl.distillation_mode=direct: task reward and group advantage are not training signals "
+        "(they still drive metrics, validation and reward.shared_prefix_mask)"
     )
 
 
-@error("job.algorithm", "rl.distillation_mode", "rl.epsilon_low", "rl.epsilon_high",
-       "rl.lower_bound_ratio")  # fmt: skip
-def opd_direct_clip_knobs(cfg: PosttrainConfig) -> str | None:
-    """Direct OPD minimises a divergence with no importance ratio, so it reads no clip knob."""
-    if not _direct(cfg):
-        return None
-    knobs = changed(cfg.rl, "epsilon_low", "epsilon_high", "lower_bound_ratio")
-    if not knobs:
+@warning("job.algorithm", "rl.dynamic_sampling")
+def dynamic_sampling_drops_teacher_signal(cfg: PosttrainConfig) -> str | None:
+    """OPD learns from the teacher's per-token signal, which a group of equal task rewards
+    still carries; dynamic sampling filters on task rewards only."""
+    if not cfg.rl.dynamic_sampling or objective_family(cfg) != "opd":
         return None
     return (
-        f"{are(knobs)} never read by rl.distillation_mode=direct (no ratio, no clip); reset "
-        "them or use rl.distillation_mode=advantage"
+        f"rl.dynamic_sampling=true with job.algorithm={cfg.job.algorithm}: groups of equal task "
+        "rewards are dropped although the teacher's signal on them is not zero"
     )
-
-
-@error("job.algorithm", "rl.distillation_mode", "rl.divergence", "rl.jsd_beta", "teacher.top_k")
-def divergence_knobs_need_direct(cfg: PosttrainConfig) -> str | None:
-    """rl.divergence, rl.jsd_beta and teacher.top_k shape only the direct mode's divergence."""
-    if _direct(cfg):
-        return None
-    knobs = changed(cfg.rl, "divergence", "jsd_beta")
-    if objective_family(cfg) == "opd":
-        knobs += changed(cfg.teacher, "top_k")
-    if not knobs:
-        return None
-    return f"{are(knobs)} read only by OPD with rl.distillation_mode=direct; remove them"
-
-
-@error("rl.divergence", "rl.jsd_beta")
-def jsd_beta_needs_jsd(cfg: PosttrainConfig) -> str | None:
-    """rl.jsd_beta weights the generalised JSD; the KL divergences have no beta."""
-    if cfg.rl.divergence == "jsd" or cfg.rl.is_default("jsd_beta"):
-        return None
-    return f"rl.jsd_beta={cfg.rl.jsd_beta} is read only by rl.divergence=jsd; remove it"
 
 
 RULES = (
     opd_needs_teacher,
     teacher_needs_opd,
-    opd_ignores_group_advantage_knobs,
-    opd_direct_clip_knobs,
-    divergence_knobs_need_direct,
-    jsd_beta_needs_jsd,
+    opd_direct_ignores_reward,
+    dynamic_sampling_drops_teacher_signal,
 )

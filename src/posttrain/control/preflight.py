@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from posttrain.config.schema import PosttrainConfig
-from posttrain.control import consistency, dpo, external, inactive, inert, opd, temperature
+from posttrain.control import consistency, dpo, external, inactive, inert, opd, reads, temperature
 from posttrain.control.rules import PreflightError, Rule
 
 #: Every preflight rule, in the order they run (and are documented).
 RULES: tuple[Rule, ...] = (
+    *reads.RULES,
     *temperature.RULES,
     *inactive.RULES,
     *inert.RULES,

@@ -9,10 +9,12 @@ from typing import Literal
 
 from posttrain.config.errors import ConfigError
 from posttrain.config.overrides import RESET
-from posttrain.config.schema import PosttrainConfig
+from posttrain.config.schema import PosttrainConfig, objective_family
 
 Severity = Literal["error", "warning"]
 Check = Callable[[PosttrainConfig], "str | None"]
+
+__all__ = ["PreflightError", "Rule", "are", "changed", "error", "objective_family", "reset_hint"]
 
 
 class PreflightError(ConfigError):
@@ -52,14 +54,6 @@ def error(*reads: str) -> Callable[[Check], Rule]:
 def warning(*reads: str) -> Callable[[Check], Rule]:
     """Decorator: ``check`` warns (the setting is honoured but has no effect or is hazardous)."""
     return lambda check: Rule(check, "warning", reads)
-
-
-def objective_family(config: PosttrainConfig) -> Literal["grpo", "opd", "dpo"]:
-    """``opd`` / ``dpo`` when ``job.algorithm`` starts with that, else ``grpo``."""
-    for family in ("opd", "dpo"):
-        if config.job.algorithm.startswith(family):
-            return family  # type: ignore[return-value]
-    return "grpo"
 
 
 def changed(section: object, *names: str) -> list[str]:

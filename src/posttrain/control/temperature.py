@@ -4,43 +4,32 @@ from __future__ import annotations
 
 from posttrain.config.rl import RLConfig
 from posttrain.config.schema import PosttrainConfig
+from posttrain.control.reads import reads_or_none
 from posttrain.control.rules import error, warning
 
 
-@error("rl.grpo_surrogate", "rollout.temperature", "rl.temperature")
-def clipped_temperature_match(cfg: PosttrainConfig) -> str | None:
-    """The clipped surrogate is on-policy: its ratio and loss score the responses at
-    rl.temperature, so that must be the temperature they were sampled at."""
-    if cfg.rl.grpo_surrogate != "clipped" or cfg.rollout.temperature == cfg.rl.temperature:
+@error("rl.objective_builder", "rl.grpo_surrogate", "rollout.temperature", "rl.temperature")
+def loss_temperature_matches_rollout(cfg: PosttrainConfig) -> str | None:
+    """The loss scores responses at rl.temperature when its objective reads it (by the
+    declaration), else at temperature 1; they must have been sampled at that temperature."""
+    reads = reads_or_none(cfg)
+    if reads is None:
+        return None
+    if reads.reads("rl.temperature"):
+        if cfg.rollout.temperature == cfg.rl.temperature:
+            return None
+        return (
+            f"{reads.by} scores at rl.temperature, so it needs rl.temperature == "
+            f"rollout.temperature, got {cfg.rl.temperature} and {cfg.rollout.temperature}; set "
+            "both to the same value"
+        )
+    at = RLConfig.default_of("temperature")
+    if cfg.rollout.temperature == at:
         return None
     return (
-        f"rl.grpo_surrogate=clipped needs rl.temperature == rollout.temperature, got "
-        f"{cfg.rl.temperature} and {cfg.rollout.temperature}; set both to the same value"
-    )
-
-
-@error("rl.grpo_surrogate", "rollout.temperature")
-def legacy_pg_rollout_temperature(cfg: PosttrainConfig) -> str | None:
-    """legacy_pg scores responses at temperature 1, so they must be sampled at 1.0."""
-    if cfg.rl.grpo_surrogate != "legacy_pg" or cfg.rollout.temperature == 1.0:
-        return None
-    return (
-        f"rl.grpo_surrogate=legacy_pg scores at temperature 1, so rollout.temperature must be "
-        f"1.0 (got {cfg.rollout.temperature}); use rl.grpo_surrogate=clipped to train at "
-        "another temperature"
-    )
-
-
-@error("rl.grpo_surrogate", "rl.temperature")
-def legacy_pg_rl_temperature(cfg: PosttrainConfig) -> str | None:
-    """legacy_pg never reads rl.temperature; a changed value would claim a setting the loss
-    ignores."""
-    default = RLConfig.default_of("temperature")
-    if cfg.rl.grpo_surrogate != "legacy_pg" or cfg.rl.temperature == default:
-        return None
-    return (
-        f"rl.temperature={cfg.rl.temperature} is never read by rl.grpo_surrogate=legacy_pg "
-        f"(it scores at temperature 1); leave rl.temperature at {default}"
+        f"{reads.by} scores at temperature {at:g}, so rollout.temperature must be {at} (got "
+        f"{cfg.rollout.temperature}); use an objective that reads rl.temperature (e.g. "
+        "rl.grpo_surrogate=clipped) to train at another temperature"
     )
 
 
@@ -56,9 +45,4 @@ def top_p_truncates_sampling(cfg: PosttrainConfig) -> str | None:
     )
 
 
-RULES = (
-    clipped_temperature_match,
-    legacy_pg_rollout_temperature,
-    legacy_pg_rl_temperature,
-    top_p_truncates_sampling,
-)
+RULES = (loss_temperature_matches_rollout, top_p_truncates_sampling)

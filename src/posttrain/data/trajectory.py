@@ -29,7 +29,8 @@ class TrajectoryBatch:
     Optional annotations: ``advantages`` ``[B]`` (one per response) or ``[B, R]``, ``rewards``
     ``[B]``, and the per-token logprob tensors ``rollout_logprobs`` (under the sampler) and
     ``teacher_logprobs`` (a distillation teacher). π_old and the frozen reference are not
-    columns: an objective reads them through its ``old_logp_cache`` and ``reference_scorer``.
+    columns: an objective reads them through its ``old_logp_cache`` and the reference network its
+    builder received.
     A distillation teacher may add its top-k next-token distribution at every response position:
     ``teacher_topk_ids`` (int64) and ``teacher_topk_logprobs`` ``[B, R, K]``, both or neither.
     ``columns``: what a declared role (``placement/specs.py``) adds under a name that is no

@@ -35,6 +35,8 @@ def config_show(args: argparse.Namespace, overrides: list[str]) -> int:
     from posttrain.control import run_preflight
     from posttrain.control.data_checks import check_data
 
+    if args.objective:  # as the training entries record it
+        overrides = [*overrides, f"rl.objective_builder={args.objective}"]
     config = load_config(args.config, ["--", *overrides])
     warnings = run_preflight(config)
     check_data(config)
@@ -53,6 +55,7 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
         description="Resolve RECIPE plus the overrides after `--`, run preflight, print YAML.",
     )
     _add_config_argument(show)
+    _add_objective_argument(show)
     show.set_defaults(handler=config_show)
 
 
@@ -90,6 +93,17 @@ def _add_config_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_objective_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--objective",
+        metavar="MODULE:FUNCTION",
+        default=None,
+        help="your objective builder, build(rl, context) -> Objective, imported by name "
+        "(the working directory is importable); sets rl.objective_builder, recorded in "
+        "config.yaml; default: the entry's built-in objective",
+    )
+
+
 def _train_online(entry: str) -> Callable[[argparse.Namespace, list[str]], int]:
     """The handler of an online entry (``posttrain.entrypoints.<entry>``), imported when run."""
 
@@ -109,13 +123,7 @@ def _add_online(sub: argparse._SubParsersAction, entry: str, help: str, descript
     )  # fmt: skip
     p.epilog_of = lambda: _recipes_epilog(entry)
     _add_config_argument(p)
-    p.add_argument(
-        "--objective",
-        metavar="MODULE:FUNCTION",
-        default=None,
-        help="your objective builder, build(rl, context) -> Objective, imported by name "
-        "(the working directory is importable); default: the entry's built-in objective",
-    )
+    _add_objective_argument(p)
     p.set_defaults(handler=_train_online(entry))
 
 

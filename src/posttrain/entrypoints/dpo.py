@@ -59,8 +59,8 @@ def build_trainer(
     """DPO's assembly boundary: config -> objective (and its frozen reference) -> trainer.
 
     The reference is a deep copy of the starting model, handed to the trainer as an auxiliary
-    model (the trainer places and freezes it); the objective reads it only through its
-    ``reference_scorer``.
+    model (the trainer places and freezes it); the objective reads it only through the
+    ``DiffusionReferenceScorer`` its loss closes over.
     """
     alphas = alphas_cumprod(scheduler)
     auxiliary: tuple[nn.Module, ...] = ()

@@ -3,9 +3,9 @@
     posttrain grpo --config RECIPE [--objective module:function] -- section.key=value ...
     python -m posttrain.entrypoints.grpo --config RECIPE -- ...
 
-The objective is whatever the builder returns: ``config.build.build_objective`` (the surrogate
-``rl.grpo_surrogate`` selects) unless ``--objective`` names another one. This file holds no loss
-math and no loop (``online.py``).
+The objective is whatever the builder returns: the built-in (the surrogate ``rl.grpo_surrogate``
+selects) unless ``rl.objective_builder`` (``--objective``) names another one
+(``config.build.objective_builder``). This file holds no loss math and no loop (``online.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.config import PosttrainConfig
-from posttrain.config.build import build_objective
-from posttrain.config.user_code import import_callable
+from posttrain.config.build import objective_builder
 from posttrain.control.opd import check_entry
 from posttrain.entrypoints import online
 from posttrain.run.records import default_out_dir, quiet_libraries
@@ -36,20 +35,22 @@ def run(
     config_path: str,
     opts: Sequence[str],
     out_dir: str | Path | None,
-    build_objective_fn,
+    build_objective_fn=None,
 ) -> dict[str, Any]:
-    """Train with the objective ``build_objective_fn(rl, context)`` returns. ``config`` is the
-    caller's resolved copy (checked against ``config_path`` + ``opts``), or None; ``out_dir``
-    None is the config's own run directory."""
+    """Train with the objective ``build_objective_fn(rl, context)`` returns (None: the one the
+    config names, ``config.build.objective_builder``). ``config`` is the caller's resolved copy
+    (checked against ``config_path`` + ``opts``), or None; ``out_dir`` None is the config's own
+    run directory."""
     session = RunSession(SPEC, config_path, opts, config)
-    return online.run(session, out_dir or session.default_out_dir(), build_objective_fn)
+    builder = build_objective_fn or objective_builder(session.config)
+    return online.run(session, out_dir or session.default_out_dir(), builder)
 
 
 def train_from_cli(config_path: str, opts: Sequence[str], objective: str | None = None) -> int:
     """``posttrain grpo``: resolve, train, print where the run went and held-out accuracy."""
     quiet_libraries()
-    builder = import_callable(objective, "--objective") if objective else build_objective
-    online.report(run(None, config_path, opts, None, builder))
+    opts = [*opts, f"rl.objective_builder={objective}"] if objective else list(opts)
+    online.report(run(None, config_path, opts, None))  # the builder the config names
     return 0
 
 

@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.algorithm.opd import make_objective
 from posttrain.config import PosttrainConfig
-from posttrain.config.user_code import import_callable
+from posttrain.config.build import objective_builder
 from posttrain.control.opd import check_entry
 from posttrain.entrypoints import online
 from posttrain.placement.specs import RoleSpec
@@ -44,16 +43,18 @@ def run(
     config_path: str,
     opts: Sequence[str],
     out_dir: str | Path | None,
-    build_objective_fn=make_objective,
+    build_objective_fn=None,
 ) -> dict[str, Any]:
-    """Distil ``teacher.name_or_path`` into the policy with ``build_objective_fn(rl, context)``.
+    """Distil ``teacher.name_or_path`` into the policy with ``build_objective_fn(rl, context)``
+    (None: the builder the config names, ``config.build.objective_builder``).
 
     Refuses a non-OPD ``job.algorithm`` before anything touches the run directory, and a teacher
     whose tokenizer is not the student's before any model loads.
     """
     session = RunSession(SPEC, config_path, opts, config)
+    builder = build_objective_fn or objective_builder(session.config)
     return online.run(
-        session, out_dir or session.default_out_dir(), build_objective_fn, role_specs=ROLES,
+        session, out_dir or session.default_out_dir(), builder, role_specs=ROLES,
         prepare=check_teacher_tokenizer,
     )  # fmt: skip
 
@@ -61,8 +62,8 @@ def run(
 def train_from_cli(config_path: str, opts: Sequence[str], objective: str | None = None) -> int:
     """``posttrain opd``: resolve, distil, print where the run went and held-out accuracy."""
     quiet_libraries()
-    builder = import_callable(objective, "--objective") if objective else make_objective
-    online.report(run(None, config_path, opts, None, builder))
+    opts = [*opts, f"rl.objective_builder={objective}"] if objective else list(opts)
+    online.report(run(None, config_path, opts, None))  # the builder the config names
     return 0
 
 

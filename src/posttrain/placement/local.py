@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.config import ConfigError, PosttrainConfig
+from posttrain.config.build import needs_reference
 from posttrain.placement.device import resolve_device, rollout_dtype
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
@@ -60,7 +61,7 @@ def place_local(
     # float32 samples with the policy module itself; another dtype needs the engine's own copy.
     shared = policy.model if dtype == "float32" else None
     rollout = RolloutRole(cfg, model=shared, device=str(device))
-    ref = "" if cfg.rl.kl_beta == 0 else f", reference on {device} ({cfg.model.dtype})"
+    ref = "" if not needs_reference(cfg) else f", reference on {device} ({cfg.model.dtype})"
     others = "".join(f", {s.name} on {s.device(str(device)) or 'cpu'}" for s in specs)
     log.info(
         "placement: policy on %s (float32 master, %s compute)%s%s, rollout on %s (%s%s); "

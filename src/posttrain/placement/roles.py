@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from posttrain.config import PosttrainConfig, to_dict
-from posttrain.config.build import objective_context
+from posttrain.config.build import needs_reference, objective_context
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.loading import load_policy
@@ -52,13 +52,14 @@ class PolicyRole:
         require_trainable(self.capabilities, cfg.model.name_or_path)
         m = cfg.model
         reference, auxiliary = None, ()
+        reads_kl = needs_reference(cfg)  # the objective's declaration reads rl.kl_beta > 0
         if m.lora_rank:
             self.model = apply_lora(
                 self.model, m.lora_rank, m.lora_alpha, m.lora_target_modules, cfg.job.seed
             )
-            if cfg.rl.kl_beta > 0:  # the frozen base itself, adapters off: no second copy
+            if reads_kl:  # the frozen base itself, adapters off: no second copy
                 reference = AdapterFreeReference(self.model)
-        elif cfg.rl.kl_beta > 0:
+        elif reads_kl:
             reference, _ = load_policy(cfg.model.name_or_path, None, cfg.model.dtype, device)
             auxiliary = (reference,)
         self.objective = build_objective_fn(cfg.rl, objective_context(cfg, reference))

@@ -35,6 +35,9 @@ RESUME_MUTABLE_KEYS: tuple[str, ...] = (
     "placement.backend",
 )
 
+#: Config keys a command-line flag sets: a resume that differs in one names the flag.
+FLAG_KEYS = {"rl.objective_builder": "--objective"}
+
 _MISSING = object()
 
 
@@ -83,6 +86,15 @@ def check_resume_compatible(
     allowed: Iterable[str] = RESUME_MUTABLE_KEYS,
 ) -> None:
     """Raise :class:`ResumeError` naming every differing identity or config key."""
+    a, b = flatten(saved_config), flatten(config)
+    for key, flag in FLAG_KEYS.items():
+        was, now = a.get(key), b.get(key)  # absent (an older checkpoint) reads as unset
+        if was != now:
+            do = f"pass {flag} {was}" if was is not None else f"drop {flag}"
+            raise ResumeError(
+                f"refusing to resume from {where}: the run was trained with {key}={was!r}, "
+                f"this command has {key}={now!r}; {do} to resume it, or start a new job.name"
+            )
     ident = differing_keys(saved_identity, identity)
     if ident:
         raise ResumeError(

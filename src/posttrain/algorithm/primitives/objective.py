@@ -2,8 +2,10 @@
 
 An objective is ``fn(model, batch) -> (loss, metrics)`` plus declarations the trainer needs to
 combine chunks exactly (``reduction``), publish metrics under stable names (``metric_adapter``),
-keep π_old frozen across updates (``old_logp_cache``), score a frozen reference
-(``reference_scorer``) and record what defines the algorithm (``identity``).
+keep π_old frozen across updates (``old_logp_cache``) and record what defines the algorithm
+(``identity``). A frozen reference reaches the loss one way: the builder receives the network as
+``context.reference_model`` and scores it inside ``fn`` (:class:`ReferenceScorer`); the placement
+hands the same module to the trainer as an auxiliary model, which owns its device and eval mode.
 """
 
 from __future__ import annotations
@@ -168,7 +170,6 @@ class Objective:
     reduction: Reduction = Reduction.MEAN
     metric_adapter: MetricAdapter = field(default_factory=MetricAdapter)
     old_logp_cache: OldLogpCache | None = None
-    reference_scorer: ReferenceScorer | None = None
     identity: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -82,10 +82,6 @@ class OldLogpCache:
     def armed(self) -> bool:
         return bool(self._tokens)
 
-    @property
-    def frozen(self) -> bool:
-        return bool(self._frozen)
-
     def attest(self, batch: TrajectoryBatch) -> None:
         """Raise unless every row of ``batch`` is one the cache was armed for, token for token."""
         ids = batch.sample_ids.tolist()

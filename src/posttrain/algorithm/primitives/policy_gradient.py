@@ -148,6 +148,44 @@ def clipped_policy_gradient_loss(
     return loss, metrics
 
 
+def cispo_policy_gradient_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    epsilon_high: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585) per token: ``l = -sg(min(r, 1+epsilon_high)) * A *
+    logp``, ``r = exp(logp - old)``.
+
+    The importance weight is clipped and detached, so every token keeps a gradient
+    ``-w * A * grad logp`` (PPO's clip instead zeroes the gradient of clipped tokens). The paper
+    sets no lower bound on the weight (its epsilon_low is taken large), so none is applied.
+    Returns the ``[B, T]`` per-token loss and detached diagnostics named like the clipped
+    surrogate's (``clip_frac_high``: tokens whose weight was capped; ``clip_frac_low`` is 0).
+    """
+    m = _prepare(logprobs, mask, old_logprobs)
+    adv = _token_advantages(advantages, logprobs.shape).to(logprobs.dtype)
+    if isinstance(epsilon_high, bool) or not epsilon_high >= 0:
+        raise ValueError(f"epsilon_high must be a number >= 0, got {epsilon_high!r}")
+    log_ratio = torch.where(m, logprobs - old_logprobs, 0).detach()
+    ratio = torch.exp(log_ratio)
+    weight = torch.clamp(ratio, max=1 + epsilon_high)
+    loss = torch.where(m, -weight * adv * logprobs, 0)
+    with torch.no_grad():
+        any_tok = bool(m.any())
+        metrics = {
+            "clip_frac_low": masked_mean(torch.zeros_like(ratio), m),
+            "clip_frac_high": masked_mean((ratio > 1 + epsilon_high).to(ratio.dtype), m),
+            "ratio_mean": masked_mean(ratio, m),
+            "ratio_min": ratio[m].min() if any_tok else ratio.new_ones(()),
+            "ratio_max": ratio[m].max() if any_tok else ratio.new_ones(()),
+            "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, m),
+        }
+    return loss, metrics
+
+
 def legacy_policy_gradient_loss(logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
     """Plain REINFORCE-style ``-A * logp`` per masked token; no ratio, no clip."""
     m = _prepare(logprobs, mask)
@@ -174,12 +212,7 @@ def reduce_policy_gradient_loss(
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
     if loss_type == "seq-mean-token-sum-fixed":
-        if isinstance(max_response_length, bool) or not isinstance(max_response_length, int):
-            raise ValueError(
-                f"seq-mean-token-sum-fixed needs max_response_length as a positive int, got {max_response_length!r}"
-            )
-        if max_response_length <= 0:
-            raise ValueError(f"max_response_length must be > 0, got {max_response_length}")
+        check_max_response_length(max_response_length)
     elif max_response_length is not None and not isinstance(max_response_length, int):
         raise ValueError(f"max_response_length must be an int, got {max_response_length!r}")
 
@@ -205,6 +238,18 @@ def check_max_response_length(value: object) -> int:
             f"context.max_response_length (rollout.max_tokens) must be a positive int, got {value!r}"
         )
     return value
+
+
+#: Reductions that sum a response's tokens, so a response weighs in proportion to its length.
+LENGTH_WEIGHTED_LOSS_TYPES = ("seq-mean-token-sum", "seq-mean-token-sum-fixed")
+
+
+def response_bound(loss_type: str, context: object) -> int | None:
+    """What a builder passes as ``max_response_length``: the rollout bound for the reduction
+    that divides by it (``seq-mean-token-sum-fixed``), checked now; None for the others."""
+    if loss_type != "seq-mean-token-sum-fixed":
+        return None
+    return check_max_response_length(getattr(context, "max_response_length", None))
 
 
 def token_sum_loss(
