@@ -61,9 +61,9 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
 
 def recipes_of(entry: str) -> list[tuple[str, str]]:
     """(name, first docstring line) of the built-in recipes that ``posttrain <entry>`` trains
-    (``entry`` is the recipe's ``control.objective_family``)."""
+    (``entry`` is the recipe's ``objective_family``)."""
     from posttrain.config.loader import builtin_recipes, load_base, recipe_summary
-    from posttrain.control import objective_family
+    from posttrain.config.schema import objective_family  # torch-free, unlike posttrain.control
 
     return [
         (name, recipe_summary(name))
