@@ -79,23 +79,22 @@ def main() -> None:
     manager = CheckpointManager(spec.get("ckpt_root", spec["out"] + "-ckpt"), keep_last=0)
     if spec.get("load"):
         manager.load(spec["load"], trainer, config={"test": True})
-    losses, sizes = [], []
+    losses = []
     vocab = model.config.vocab_size if hasattr(model, "config") else 99
     for step in range(spec.get("steps", 3)):
         batch = synthetic_batch(vocab, spec.get("rows", 8), seed=100 + step, response_width=8)
         mine = shard_batch(batch, world, minis)[rank]
         rows = trainer.train_on_batch(mine, mini_batches=minis)
         losses.append([r["train/loss"] for r in rows])
-        sizes.append(shard_bytes(trainer.model, trainer.optimizer))
     if spec.get("save") is not None:
         manager.save(spec["save"], trainer, config={"test": True})
     state = full_state(trainer.model)
     optim = full_optimizer(trainer)
-    all_sizes = [None] * world
+    sizes = shard_bytes(trainer.model, trainer.optimizer)
+    all_sizes = [sizes]
     if dist.is_initialized():
-        dist.all_gather_object(all_sizes, sizes[-1])
-    else:
-        all_sizes = [sizes[-1]]
+        all_sizes = [None] * world
+        dist.all_gather_object(all_sizes, sizes)
     if rank == 0:
         torch.save(
             {"params": state, "optim": optim, "losses": losses, "sizes": all_sizes},
