@@ -33,6 +33,7 @@ from torch import Tensor
 from posttrain.trainer import distributed as dp
 from posttrain.trainer import sharding as sh
 from posttrain.trainer.errors import CheckpointError, PoisonedStateError
+from posttrain.trainer.manifest import verify
 
 DCP_DIR = "dcp"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -81,9 +82,7 @@ def save_sharded(directory: Path, trainer, tokenizer: object | None = None) -> N
         if getattr(base, "config", None) is not None:
             base.config.save_pretrained(model_dir)
         if hasattr(model, "peft_config"):
-            (model_dir / ADAPTER_CONFIG).write_text(
-                json.dumps(model.peft_config["default"].to_dict(), default=list, indent=1)
-            )
+            (model_dir / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(model), indent=1))
         if tokenizer is not None:
             tokenizer.save_pretrained(model_dir)
 
@@ -120,13 +119,18 @@ def export_hf(checkpoint: Path, out: Path) -> Path:
             f"{checkpoint} holds no {DCP_DIR}/ folder (not a sharded checkpoint); a replicated "
             "run's checkpoint already holds a Hugging Face folder under model/"
         )
+    step = re.fullmatch(r"step_(\d{8,})", checkpoint.name)
+    if step is None:
+        raise CheckpointError(f"{checkpoint} is not a checkpoint directory (step_NNNNNNNN)")
+    verify(checkpoint, int(step.group(1)))  # nothing is exported from a damaged checkpoint
     meta = dcp.FileSystemReader(str(checkpoint / DCP_DIR)).read_metadata()
     shapes = {
         k[len("model.") :]: v
         for k, v in meta.state_dict_metadata.items()
         if k.startswith("model.") and hasattr(v, "size")
     }
-    scale = _lora_scale(checkpoint / "model")
+    adapters = checkpoint / "model" / ADAPTER_CONFIG
+    scale = lora_scale(json.loads(adapters.read_text()) if adapters.exists() else None)
     groups: dict[str, list[str]] = defaultdict(list)
     for name in shapes:
         m = _LAYER.search(name)
@@ -142,7 +146,7 @@ def export_hf(checkpoint: Path, out: Path) -> Path:
         }
         with _quiet_single_process():
             dcp.load({"model": wanted}, checkpoint_id=str(checkpoint / DCP_DIR))
-        tensors = _plain_names(wanted, scale)
+        tensors = plain_names(wanted, scale)
         fname = f"model-{i + 1:05d}-of-{len(order):05d}.safetensors"
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, fname))
@@ -156,17 +160,34 @@ def export_hf(checkpoint: Path, out: Path) -> Path:
     return out
 
 
-def _lora_scale(model_dir: Path) -> float | None:
-    path = model_dir / ADAPTER_CONFIG
-    if not path.exists():
+def adapter_config(model) -> dict:
+    return json.loads(json.dumps(model.peft_config["default"].to_dict(), default=list))
+
+
+@torch.no_grad()
+def gathered_weights(model) -> dict[str, Tensor]:
+    """The full weights of a sharded model on rank 0 (CPU; other ranks get ``{}``), under a
+    plain model's names with LoRA merged in: what the rollout loads. Every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = get_model_state_dict(model, options=opts)
+    if not full:
+        return {}
+    scale = lora_scale(adapter_config(model)) if hasattr(model, "peft_config") else None
+    return plain_names(full, scale)
+
+
+def lora_scale(cfg: dict | None) -> float | None:
+    """peft's adapter scale from its config (None: no adapters)."""
+    if cfg is None:
         return None
-    cfg = json.loads(path.read_text())
     if cfg.get("use_rslora"):
         return cfg["lora_alpha"] / cfg["r"] ** 0.5
     return cfg["lora_alpha"] / cfg["r"]
 
 
-def _plain_names(tensors: dict[str, Tensor], scale: float | None) -> dict[str, Tensor]:
+def plain_names(tensors: dict[str, Tensor], scale: float | None) -> dict[str, Tensor]:
     """Names and values a plain (un-wrapped) model of the architecture loads: peft's prefix
     and ``base_layer`` dropped, ``W + scale * B @ A`` for every adapted weight."""
     out: dict[str, Tensor] = {}
