@@ -1,9 +1,10 @@
-"""One policy rank of an FSDP test: ``python fsdp_worker.py RANK WORLD PORT SPEC_JSON``.
+"""One policy rank of FSDP tests: ``python fsdp_worker.py RANK WORLD PORT JOBS_JSON``.
 
-The spec says which model folder to train, ``sharding`` (none / fsdp), how many steps of the
+Each job says which model folder to train, ``sharding`` (none / fsdp), how many steps of the
 real GRPO objective on synthetic batches (dispatched to ranks as Ray placement does), and
 optionally a checkpoint to load before and/or save after. Rank 0 writes the full (gathered)
-parameters, the reported losses and every rank's shard sizes to ``SPEC["out"]``.
+parameters and optimizer moments, the reported losses and every rank's shard sizes to
+``job["out"]``. The jobs share one gloo group (also with one rank, which FSDP needs).
 """
 
 from __future__ import annotations
@@ -48,12 +49,7 @@ def full_optimizer(trainer) -> dict[str, torch.Tensor]:
     }
 
 
-def main() -> None:
-    rank, world, port, spec = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    spec = json.loads(spec)
-    if world > 1 or spec["sharding"] == "fsdp":
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+def run_job(job: dict, rank: int, world: int) -> None:
     from posttrain.config.build import build_objective, objective_context
     from posttrain.config.overrides import apply_overrides
     from posttrain.config.schema import PosttrainConfig
@@ -64,45 +60,60 @@ def main() -> None:
     from posttrain.trainer import CheckpointManager, LLMTrainer
     from posttrain.trainer.sharding import shard_bytes
 
-    cfg = apply_overrides(PosttrainConfig(), spec.get("opts", []))
-    model, _ = load_policy(spec["model"], None, "float32")
+    cfg = apply_overrides(PosttrainConfig(), job.get("opts", []))
+    model, _ = load_policy(job["model"], None, "float32")
     reference = None
-    if spec.get("lora"):
-        model = apply_lora(model, spec["lora"], 16.0, ["q_proj", "v_proj"], 0)
+    if job.get("lora"):
+        model = apply_lora(model, job["lora"], 16.0, ["q_proj", "v_proj"], 0)
         reference = AdapterFreeReference(model) if cfg.rl.kl_beta > 0 else None
     objective = build_objective(cfg.rl, objective_context(cfg, reference))
     minis = cfg.rl.mini_batch_per_replica
     trainer = LLMTrainer(
-        model, objective, lr=spec.get("lr", 1e-3), micro_batch_size=cfg.rl.micro_batch_size,
-        grad_clip=cfg.rl.grad_clip, sharding=spec["sharding"], precision=cfg.model.dtype,
+        model, objective, lr=job.get("lr", 1e-3), micro_batch_size=cfg.rl.micro_batch_size,
+        grad_clip=cfg.rl.grad_clip, sharding=job["sharding"], precision=cfg.model.dtype,
     )  # fmt: skip
-    manager = CheckpointManager(spec.get("ckpt_root", spec["out"] + "-ckpt"), keep_last=0)
-    if spec.get("load"):
-        manager.load(spec["load"], trainer, config={"test": True})
+    manager = CheckpointManager(job.get("ckpt_root", job["out"] + "-ckpt"), keep_last=0)
+    if job.get("load"):
+        try:
+            manager.load(job["load"], trainer, config={"test": True})
+        except Exception as e:  # a job that expects the load to be refused records why
+            if not job.get("expect_error"):
+                raise
+            if rank == 0:
+                torch.save({"error": f"{type(e).__name__}: {e}"}, job["out"])
+            dist.barrier()
+            return
     losses = []
-    vocab = model.config.vocab_size if hasattr(model, "config") else 99
-    for step in range(spec.get("steps", 3)):
-        batch = synthetic_batch(vocab, spec.get("rows", 8), seed=100 + step, response_width=8)
+    vocab = model.config.vocab_size
+    for step in range(job.get("steps", 3)):
+        batch = synthetic_batch(vocab, job.get("rows", 8), seed=100 + step, response_width=8)
         mine = shard_batch(batch, world, minis)[rank]
         rows = trainer.train_on_batch(mine, mini_batches=minis)
         losses.append([r["train/loss"] for r in rows])
-    if spec.get("save") is not None:
-        manager.save(spec["save"], trainer, config={"test": True})
+    if job.get("save") is not None:
+        manager.save(job["save"], trainer, config={"test": True})
     state = full_state(trainer.model)
     optim = full_optimizer(trainer)
     sizes = shard_bytes(trainer.model, trainer.optimizer)
-    all_sizes = [sizes]
-    if dist.is_initialized():
-        all_sizes = [None] * world
-        dist.all_gather_object(all_sizes, sizes)
+    all_sizes = [None] * world
+    dist.all_gather_object(all_sizes, sizes)
     if rank == 0:
-        torch.save(
-            {"params": state, "optim": optim, "losses": losses, "sizes": all_sizes},
-            spec["out"],
-        )
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+        result = {"params": state, "optim": optim, "losses": losses, "sizes": all_sizes}
+        if job.get("lora") and job["sharding"] == "none":
+            from posttrain.model.lora import merged_state
+
+            result["merged"] = {k: v.clone() for k, v in merged_state(trainer.model).items()}
+        torch.save(result, job["out"])
+    dist.barrier()
+
+
+def main() -> None:
+    rank, world, port, spec = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    for job in json.loads(spec):
+        run_job(job, rank, world)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

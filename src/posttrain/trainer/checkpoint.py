@@ -235,6 +235,12 @@ class CheckpointManager:
             warnings.warn(f"resuming from {path}: {note}", stacklevel=2)
         rank = dp.rank()
         sharded = dcp_io.is_sharded_checkpoint(path)  # DCP reshards to any number of ranks
+        if getattr(trainer, "sharded", False) and not sharded:
+            raise ResumeError(
+                f"{path} is a replicated checkpoint (placement.policy_sharding=none); resume it "
+                "with policy_sharding=none, or start a new sharded run from its model/ folder "
+                "(model.name_or_path)"
+            )
         if meta["world_size"] != dp.world_size() and not sharded:
             raise ResumeError(
                 f"{path} was written by {meta['world_size']} data-parallel ranks, this run has "
@@ -243,12 +249,6 @@ class CheckpointManager:
         device = trainer.device
         if sharded:
             dcp_io.load_sharded(path, trainer)
-        elif getattr(trainer, "sharded", False):
-            raise ResumeError(
-                f"{path} is a replicated checkpoint (placement.policy_sharding=none); resume it "
-                "with policy_sharding=none, or start a new sharded run from its model/ folder "
-                "(model.name_or_path)"
-            )
         else:
             load_model_dir(trainer.model, path / "model")
         trainer.load_state_dict(
