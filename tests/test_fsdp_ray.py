@@ -1,13 +1,20 @@
 """FSDP policy ranks through the Ray entry: the arithmetic recipe for three steps in-process
-(one unsharded rank) and on Ray with two FSDP ranks give the same run (to float rounding), and
-the sharded checkpoint the run wrote exports to a folder ``from_pretrained`` loads."""
+(one unsharded rank) and on Ray with two FSDP ranks give the same run (to float rounding), the
+sharded checkpoint the run wrote exports to a folder ``from_pretrained`` loads, and a CLI run on
+two FSDP ranks whose rank is killed with SIGKILL resumes bit-exactly."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ray = pytest.importorskip("ray")
 
@@ -20,6 +27,7 @@ from posttrain.model.tiny import build_tiny_model  # noqa: E402
 from posttrain.trainer.dcp import export_hf  # noqa: E402
 
 STEPS = 3
+REPO = Path(__file__).resolve().parents[1]
 FSDP = {
     "placement.backend": "ray",
     "placement.cpus_per_role": 0.5,
@@ -33,40 +41,51 @@ def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    tiny = build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
-    root = tmp_path_factory.mktemp("runs")
+def cluster():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
-    try:
-        out = {}
-        for name, extra in [("local", {}), ("fsdp2", FSDP)]:
-            opts = {
-                "job.output_root": str(root / name),
-                "model.name_or_path": str(tiny),
-                "data.train_size": 60,
-                "data.val_size": 4,
-                "data.prompts_per_step": 4,
-                "rollout.n": 4,
-                "rollout.max_tokens": 3,
-                "reward.functions": "[test_fsdp_ray:digit_reward]",
-                "rl.lr": 0.01,
-                "rl.max_steps": STEPS,
-                "rl.save_every": STEPS,
-                "rl.eval_every": 0,
-                # 5 rows a rank in one micro-batch and 3 in the other: ranks run unequal
-                # numbers of micro-batches, so the lockstep padding is exercised.
-                "rl.micro_batch_size": 3,
-                "rl.mini_batch_per_replica": 2,
-                "logging.progress": False,
-                **extra,
-            }
-            opts = [f"{k}={v}" for k, v in opts.items()]
-            config = load_config("arithmetic", ["--", *opts])
-            out[name] = grpo.run(
-                config, "arithmetic", opts, grpo.default_out_dir(config), build_objective
-            )
-    finally:
-        ray.shutdown()
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
+
+
+def opts_for(root: Path, tiny: Path, **extra) -> list[str]:
+    opts = {
+        "job.output_root": str(root),
+        "model.name_or_path": str(tiny),
+        "data.train_size": 60,
+        "data.val_size": 4,
+        "data.prompts_per_step": 4,
+        "rollout.n": 4,
+        "rollout.max_tokens": 3,
+        "reward.functions": "[test_fsdp_ray:digit_reward]",
+        "rl.lr": 0.01,
+        "rl.max_steps": STEPS,
+        "rl.save_every": STEPS,
+        "rl.eval_every": 0,
+        # 5 rows a rank in one micro-batch and 3 in the other: ranks run unequal numbers of
+        # micro-batches, so the lockstep padding is exercised.
+        "rl.micro_batch_size": 3,
+        "rl.mini_batch_per_replica": 2,
+        "logging.progress": False,
+        **extra,
+    }
+    return [f"{k}={v}" for k, v in opts.items()]
+
+
+@pytest.fixture(scope="module")
+def runs(cluster, tiny, tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, extra in [("local", {}), ("fsdp2", FSDP)]:
+        opts = opts_for(root / name, tiny, **extra)
+        config = load_config("arithmetic", ["--", *opts])
+        out[name] = grpo.run(
+            config, "arithmetic", opts, grpo.default_out_dir(config), build_objective
+        )
     return tiny, out
 
 
@@ -103,3 +122,72 @@ def test_two_fsdp_ranks_make_the_single_rank_run(runs, tmp_path):
         rel = float((got[k] - w).norm() / w.norm())
         assert rel <= 1e-6, (k, rel)
     assert max(float((want[k] - initial[k]).abs().max()) for k in want) > 1e-3  # it trained
+
+
+def policy_host_pids(cwd: Path) -> list[int]:
+    """Processes hosting a policy rank of the run started in ``cwd``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            title = (proc / "cmdline").read_bytes()
+            here = Path(os.readlink(proc / "cwd"))
+        except OSError:
+            continue
+        if proc.name.isdigit() and title.startswith(b"ray::PolicyHost") and here == cwd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def cli(cwd: Path, opts: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO / 'tests'}"}
+    cmd = [sys.executable, "-m", "posttrain.entrypoints.grpo", "--config", "arithmetic", "--"]
+    return subprocess.Popen([*cmd, *opts], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+
+
+def step_rows(run_dir: Path) -> dict[int, dict]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    timing = ("time/", "perf/")
+    return {
+        r["step"]: {k: v for k, v in r.items()
+                    if not k.startswith(timing) and not k.endswith(("per_s", "_s"))}
+        for r in rows
+    }  # fmt: skip
+
+
+def test_kill_9_of_a_rank_then_resume_is_bit_exact(cluster, tiny, tmp_path):
+    """Four steps straight vs. a run whose policy rank 1 is SIGKILLed after the step-2
+    checkpoint and that then resumes: the same metrics and the same final shards, bit for bit."""
+    extra = {**FSDP, "placement.ray_address": cluster, "rl.max_steps": 4, "rl.save_every": 2}
+    run_dir = Path("grpo") / "arithmetic_tiny"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    straight = cli(tmp_path / "a", opts_for(tmp_path / "a", tiny, **extra))
+    assert straight.wait(timeout=300) == 0, straight.communicate()[1][-3000:]
+    killed_dir = tmp_path / "b"
+    killed = cli(killed_dir, opts_for(killed_dir, tiny, **extra))
+    ckpts = killed_dir / run_dir / "checkpoints"
+    deadline = time.monotonic() + 240
+    while not (ckpts / "step_00000002" / "COMPLETE").exists():
+        assert killed.poll() is None, killed.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run never reached its step-2 checkpoint"
+        time.sleep(0.05)
+    victims = policy_host_pids(killed_dir.resolve())
+    assert len(victims) == 2, victims
+    os.kill(victims[-1], signal.SIGKILL)
+    killed.communicate(timeout=120)
+    assert killed.returncode != 0
+    assert not (ckpts / "step_00000004").exists()  # it really stopped before the end
+    resumed = cli(killed_dir, opts_for(killed_dir, tiny, **extra, **{"rl.resume": "auto"}))
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-3000:]
+    a, b = step_rows(tmp_path / "a" / run_dir), step_rows(killed_dir / run_dir)
+    assert sorted(a) == [1, 2, 3, 4] and {s: b[s] for s in (3, 4)} == {s: a[s] for s in (3, 4)}
+    final_a = tmp_path / "a" / run_dir / "checkpoints" / "step_00000004"
+    final_b = ckpts / "step_00000004"
+    ea, eb = export_hf(final_a, tmp_path / "ea"), export_hf(final_b, tmp_path / "eb")
+    for f in sorted(ea.glob("*.safetensors")):
+        fa, fb = load_file(str(f)), load_file(str(eb / f.name))
+        assert fa.keys() == fb.keys() and all(torch.equal(fa[k], fb[k]) for k in fa), f.name
+    for name in ("dcp/__0_0.distcp", "dcp/__1_0.distcp", "trainer.pt"):
+        assert (final_a / name).read_bytes() == (final_b / name).read_bytes(), name
