@@ -62,3 +62,20 @@ def test_shard_bytes_counts_what_the_tensors_hold():
     lin(torch.ones(2, 4)).sum().backward()
     opt.step()
     assert sh.shard_bytes(lin, opt) == {"params": 60, "grads": 60, "optimizer": 120}
+
+
+def test_fsdp_without_ray_is_refused_by_preflight_in_one_line():
+    from posttrain.config import PosttrainConfig, apply_overrides
+    from posttrain.control import RULES, PreflightError, run_preflight
+
+    def cfg(opts):
+        return apply_overrides(PosttrainConfig(), opts)
+
+    rule = next(r for r in RULES if r.name == "ray_knobs_need_ray")
+    message = rule.check(cfg(["placement.policy_sharding=fsdp"]))
+    assert message.startswith("placement.policy_sharding=fsdp is never read by placement.backend")
+    assert "placement.policy_sharding=@default (-> 'none')" in message
+    assert rule.check(cfg(["placement.policy_sharding=fsdp", "placement.backend=ray"])) is None
+    with pytest.raises(PreflightError) as info:
+        run_preflight(cfg(["placement.policy_sharding=fsdp"]))
+    assert message in info.value.violations and "\n" not in str(info.value)
