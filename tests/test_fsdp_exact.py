@@ -69,9 +69,13 @@ def tiny(tmp_path_factory):
 def out(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
     lora = {"lora": 4, "opts": LORA_OPTS, "save": 3}
+    gc, bf16 = [*OPTS, "model.gradient_checkpointing=true"], [*OPTS, "model.dtype=bfloat16"]
     launch([job(tiny, out, "fsdp2", "fsdp", save=3), job(tiny, out, "none2", "none", save=3),
-            job(tiny, out, "lora_fsdp2", "fsdp", **lora)], 2)  # fmt: skip
+            job(tiny, out, "lora_fsdp2", "fsdp", **lora),
+            job(tiny, out, "gc_fsdp2", "fsdp", opts=gc),
+            job(tiny, out, "bf16_fsdp2", "fsdp", opts=bf16)], 2)  # fmt: skip
     launch([job(tiny, out, "none1", "none"), job(tiny, out, "lora_none1", "none", **lora),
+            job(tiny, out, "bf16_none1", "none", opts=bf16),
             job(tiny, out, "fsdp1", "fsdp", save=3),
             job(tiny, out, "fsdp2_into_1", "none", steps=0, load=ckpt(out, "fsdp2")),
             job(tiny, out, "replicated_into_fsdp", "fsdp", steps=0, load=ckpt(out, "none2"),
@@ -119,6 +123,22 @@ def test_lora_adapters_train_inside_sharded_layers(out):
     sizes = got["sizes"]
     assert sum(s["grads"] for s in sizes) == want["sizes"][0]["grads"]
     assert sum(s["optimizer"] for s in sizes) == want["sizes"][0]["optimizer"]
+
+
+def test_gradient_checkpointing_composes(out):
+    assert_same_run(load(out, "gc_fsdp2"), load(out, "none1"))
+
+
+def test_bf16_mixed_precision_keeps_float32_master_shards(out):
+    """FSDP's MixedPrecisionPolicy (bf16 gathered parameters) is not autocast, so the runs
+    differ by bf16 rounding: both stay within 2 % of float32 and of each other (measured
+    0.7 %, 0.6 % and 0.8 %); the master weights and optimizer state stay float32."""
+    sharded, autocast, f32 = (load(out, n) for n in ("bf16_fsdp2", "bf16_none1", "none1"))
+    assert all(v.dtype == torch.float32 for v in sharded["params"].values())
+    assert all(v.dtype == torch.float32 for v in sharded["optim"].values())
+    for a, b in [(sharded, f32), (autocast, f32), (sharded, autocast)]:
+        worst = max(rel(a["params"][k], b["params"][k]) for k in b["params"])
+        assert 0 < worst < 0.02, worst
 
 
 def test_sharded_checkpoint_resumes_on_fewer_and_more_ranks(out):

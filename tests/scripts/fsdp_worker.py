@@ -71,6 +71,7 @@ def run_job(job: dict, rank: int, world: int) -> None:
     trainer = LLMTrainer(
         model, objective, lr=job.get("lr", 1e-3), micro_batch_size=cfg.rl.micro_batch_size,
         grad_clip=cfg.rl.grad_clip, sharding=job["sharding"], precision=cfg.model.dtype,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
     )  # fmt: skip
     manager = CheckpointManager(job.get("ckpt_root", job["out"] + "-ckpt"), keep_last=0)
     if job.get("load"):
