@@ -33,6 +33,14 @@ class PlacementConfig(Section):
         description="Data-parallel policy ranks: one process each, joined in one "
         "torch.distributed group (gloo on CPU, nccl on GPU). More than 1 needs `backend=ray`.",
     )
+    policy_sharding: Literal["none", "fsdp"] = Field(
+        "none",
+        description="`none` replicates the policy on every rank (full weights, gradients and "
+        "AdamW state each, gradients all-reduced); `fsdp` shards all three over the policy ranks "
+        "with PyTorch FSDP2 (each decoder layer and the root; bf16 compute over float32 shards "
+        "when `model.dtype=bfloat16`) and checkpoints through torch.distributed.checkpoint. "
+        "Needs `backend=ray` (any `policy_ranks`, 1 included).",
+    )
     cpus_per_role: float = Field(
         1.0,
         gt=0,

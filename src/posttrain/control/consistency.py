@@ -206,18 +206,18 @@ def deterministic_minis_fill_micro_batches(cfg: PosttrainConfig) -> str | None:
     "placement.cpus_per_role",
     "placement.gpus_per_role",
     "placement.policy_ranks",
+    "placement.policy_sharding",
 )
 def ray_knobs_need_ray(cfg: PosttrainConfig) -> str | None:
-    """Ray address, per-actor resources and several policy ranks need placement.backend=ray
-    (in-process placement runs one policy rank)."""
+    """Ray address, per-actor resources, several policy ranks and sharded ones need
+    placement.backend=ray (in-process placement runs one unsharded policy rank)."""
     if cfg.placement.backend == "ray":
         return None
-    knobs = changed(cfg.placement, "ray_address", "cpus_per_role", "gpus_per_role", "policy_ranks")
+    names = ("ray_address", "cpus_per_role", "gpus_per_role", "policy_ranks", "policy_sharding")
+    knobs = changed(cfg.placement, *names)
     if not knobs:
         return None
-    hint = reset_hint(
-        cfg.placement, "ray_address", "cpus_per_role", "gpus_per_role", "policy_ranks"
-    )
+    hint = reset_hint(cfg.placement, *names)
     return f"{are(knobs)} never read by placement.backend=local; {hint}, or use backend=ray"
 
 

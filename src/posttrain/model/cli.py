@@ -1,4 +1,5 @@
-"""``posttrain model ...``: build a tiny model or import the SmolLM2 GGUF as an HF folder.
+"""``posttrain model ...``: build a tiny model, import the SmolLM2 GGUF as an HF folder, or
+export a sharded checkpoint as one.
 
 The top-level CLI either calls ``main(argv)`` with the arguments after ``model``, or attaches the
 subcommands to its own parser with ``add_subcommands`` and calls ``dispatch(args)``.
@@ -30,8 +31,22 @@ def _run_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from posttrain.trainer.dcp import export_hf
+    from posttrain.trainer.errors import CheckpointError
+
+    try:
+        out = export_hf(Path(args.checkpoint), Path(args.out))
+    except CheckpointError as e:
+        raise ValueError(str(e)) from None
+    print(f"wrote HF model folder to {out}")
+    return 0
+
+
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``tiny`` and ``import-gguf`` to an existing subparsers object."""
+    """Add ``tiny``, ``import-gguf`` and ``export`` to an existing subparsers object."""
     tiny = subparsers.add_parser("tiny", help="build a tiny Llama model with a char tokenizer")
     # No `choices`: listing the presets would import torch just to print --help; an unknown
     # name gets the list from posttrain.model.tiny when the command runs.
@@ -47,6 +62,12 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     gguf.add_argument("--out", required=True, help="output folder (HF format)")
     gguf.add_argument("--gguf", default=None, help="another GGUF file instead of SmolLM2's")
     gguf.set_defaults(**{_HANDLER: _run_import})
+    export = subparsers.add_parser(
+        "export", help="write a sharded (FSDP) checkpoint as a Hugging Face folder, layer by layer"
+    )
+    export.add_argument("checkpoint", help="a checkpoint directory (…/checkpoints/step_NNNNNNNN)")
+    export.add_argument("--out", required=True, help="output folder (HF format)")
+    export.set_defaults(**{_HANDLER: _run_export})
 
 
 def dispatch(args: argparse.Namespace) -> int:

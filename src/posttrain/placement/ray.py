@@ -149,8 +149,9 @@ class RemoteRole:
 class RayPolicy:
     """The policy's data-parallel ranks behind the interface of one ``PolicyRole``."""
 
-    def __init__(self, actors: _Actors, ranks: int, mini_batches: int) -> None:
+    def __init__(self, actors: _Actors, ranks: int, mini_batches: int, sharded: bool) -> None:
         self._actors = actors
+        self.sharded = sharded
         self.names = [f"policy rank {r}" for r in range(ranks)]
         self.mini_batches = mini_batches
 
@@ -191,7 +192,10 @@ class RayRoles:
     def sync_weights(self) -> int:
         """Rank 0's state dict goes into the object store once; the rollout actor loads it."""
         a = self.actors
-        meta = a.gather([("policy rank 0", a.handles["policy rank 0"].put.remote("weights"))])[0]
+        # A sharded policy gathers its weights collectively: every rank takes part, rank 0's
+        # result is the one that travels.
+        ranks = self.policy.names if self.policy.sharded else ["policy rank 0"]
+        meta = a.gather([(n, a.handles[n].put.remote("weights")) for n in ranks])[0]
         self.last_sync = {"bytes": meta["bytes"], "tensors": meta["tensors"]}
         return a.gather([("rollout", a.handles["rollout"].call.remote("sync", meta["ref"][0]))])[0]
 
@@ -229,14 +233,17 @@ def place_ray(
             gpus = pc.gpus_per_role if s.holds_model else 0.0
             actors.handles[s.name] = host_actor(pc, DeclaredRoleHost, gpus)
         starts = _start_roles(actors, config_path, list(opts), build_objective_fn, run_dir,
-                              ranks, device, "nccl" if gpu else "gloo", specs)  # fmt: skip
+                              ranks, device, "nccl" if gpu else "gloo", specs,
+                              pc.policy_sharding == "fsdp")  # fmt: skip
         configs = dict(zip(actors.handles, actors.gather(starts, START_TIMEOUT_S), strict=True))
         _check_worker_configs(to_dict(config), configs)
     except BaseException:
         release(actors, owns_ray)
         raise
     return RayRoles(
-        policy=RayPolicy(actors, ranks, config.rl.mini_batch_per_replica),
+        policy=RayPolicy(
+            actors, ranks, config.rl.mini_batch_per_replica, pc.policy_sharding == "fsdp"
+        ),
         rollout=RemoteRole(actors, "rollout"),
         reward=RemoteRole(actors, "reward"),
         actors=actors,
@@ -246,10 +253,12 @@ def place_ray(
     )
 
 
-def _start_roles(actors, config_path, opts, builder, run_dir, ranks, device, backend, specs):
+def _start_roles(
+    actors, config_path, opts, builder, run_dir, ranks, device, backend, specs, sharded
+):
     h = actors.handles
     group = []
-    if ranks > 1:
+    if ranks > 1 or sharded:  # FSDP needs a process group, even of one rank
         address, port = actors.gather(
             [("policy rank 0", h["policy rank 0"].rendezvous.remote())], START_TIMEOUT_S
         )[0]

@@ -83,6 +83,7 @@ class PolicyRole:
             certified_deterministic_forward=cfg.model.certified_deterministic_forward,
             auxiliary_models=auxiliary,
             device=device,
+            sharding=cfg.placement.policy_sharding,
         )
         self.checkpoints = CheckpointManager(
             Path(run_dir) / "checkpoints", keep_last=cfg.checkpoint.keep_last
@@ -104,8 +105,13 @@ class PolicyRole:
 
         Tied tensors (e.g. input and output embeddings) appear once; the receiving
         :meth:`RolloutRole.sync` restores the keys its own model ties. A LoRA policy sends its
-        adapters merged into full weights under the plain model's names.
+        adapters merged into full weights under the plain model's names. A sharded policy
+        gathers them (every rank must call this; rank 0 returns them, the others ``{}``).
         """
+        if self.trainer.sharded:
+            from posttrain.trainer.dcp import gathered_weights
+
+            return untie(gathered_weights(self.model))
         state = merged_state(self.model) if is_lora(self.model) else self.model.state_dict()
         return {k: v.detach().cpu() for k, v in untie(state).items()}
 

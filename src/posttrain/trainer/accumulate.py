@@ -163,57 +163,79 @@ def accumulate_gradients(
     chunks: Sequence[TrajectoryBatch],
     *,
     forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    lockstep: bool = False,
 ) -> Accumulation:
     """Run ``objective`` on each chunk, backward, and leave the step's exact gradient in ``.grad``.
 
     The caller zeroes gradients first. Collectives run on every rank (also one with no chunks),
-    so all ranks of a data-parallel group must call this together.
+    so all ranks of a data-parallel group must call this together. ``lockstep`` (a sharded model,
+    whose every forward and backward is a collective): every rank runs the same number of
+    forward+backward passes, padding with ghost passes that contribute exactly nothing, and the
+    gradients arrive already summed over ranks (FSDP's reduce-scatter), so none is all-reduced.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    if objective.reduction is Reduction.TOKEN_SUM:
-        return _token_sum(model, objective, chunks, params, forward_context)
-    return _mean(model, objective, chunks, params, forward_context)
+    passes = [(c, True) for c in chunks]
+    if lockstep:
+        from posttrain.trainer.sharding import ghost_rows, lockstep_ghosts
+
+        ghosts = lockstep_ghosts(len(chunks))
+        passes += [(ghost_rows(chunks), False)] * ghosts if ghosts else []
+    fn = _token_sum if objective.reduction is Reduction.TOKEN_SUM else _mean
+    return fn(model, objective, passes, params, forward_context, lockstep)
 
 
-def _token_sum(model, objective, chunks, params, forward_context) -> Accumulation:
+def _token_sum(model, objective, passes, params, forward_context, lockstep) -> Accumulation:
     numerator, weight = 0.0, 0.0
     means = MetricAccumulator(objective.metric_adapter.reduction)
-    for chunk in chunks:
+    real = 0
+    for chunk, is_real in passes:
         with forward_context():
             loss, metrics = objective(model, chunk)
         w = float(metrics[OBJECTIVE_WEIGHT_SUM])
+        if not is_real:  # a ghost: the collectives of a pass, a gradient of exactly zero
+            (loss * 0.0).backward()
+            continue
+        real += 1
         if w > 0:
             # A chunk with weight 0 carries no loss terms; skipping it also avoids 0 * nan.
             chunk_numerator = loss * w
             chunk_numerator.backward()
             numerator += float(chunk_numerator.detach())
             weight += w
+        elif lockstep:  # the pass still has to run; a TOKEN_SUM loss at weight 0 is finite
+            (loss * 0.0).backward()
         means.add(metrics, w)
+    chunks = real
     numerator, weight = dp.all_reduce_floats([numerator, weight])
     _materialise_grads(params)
-    dp.all_reduce_grads_(params)
+    if not lockstep:
+        dp.all_reduce_grads_(params)
     if weight == 0:
         for p in params:
             p.grad.zero_()
-        return Accumulation(0.0, 0.0, len(chunks), means.all_reduce(), empty=True)
+        return Accumulation(0.0, 0.0, chunks, means.all_reduce(), empty=True)
     torch._foreach_div_([p.grad for p in params], weight)
-    return Accumulation(numerator / weight, weight, len(chunks), means.all_reduce())
+    return Accumulation(numerator / weight, weight, chunks, means.all_reduce())
 
 
-def _mean(model, objective, chunks, params, forward_context) -> Accumulation:
+def _mean(model, objective, passes, params, forward_context, lockstep) -> Accumulation:
     total = 0.0
     means = MetricAccumulator(objective.metric_adapter.reduction)
-    n = len(chunks)
-    for chunk in chunks:
+    n = sum(is_real for _, is_real in passes)
+    for chunk, is_real in passes:
         with forward_context():
             loss, metrics = objective(model, chunk)
+        if not is_real:
+            (loss * 0.0).backward()
+            continue
         (loss / n).backward()
         total += float(loss.detach())
         means.add(metrics, 1.0)
     local_mean = total / n if n else 0.0
     loss_sum, contributing = dp.all_reduce_floats([local_mean, 1.0 if n else 0.0])
     _materialise_grads(params)
-    dp.all_reduce_grads_(params)
+    if not lockstep:
+        dp.all_reduce_grads_(params)
     if contributing == 0:
         return Accumulation(0.0, 0.0, 0, means.all_reduce(), empty=True)
     if contributing != 1:

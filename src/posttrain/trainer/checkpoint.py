@@ -8,6 +8,8 @@ Layout of ``root/step_00000042/``::
     rng_rank{r}.pt   python / numpy / torch RNG state of rank r
     meta.json        step, world size, objective identity, resolved config
     manifest.json    size and SHA-256 of every file above
+    dcp/             (sharded trainers only) weights + optimizer state, one file per rank;
+                     ``model/`` then holds only the config and tokenizer (see ``dcp.py``)
     COMPLETE         written last: the step and the manifest's SHA-256
 
 Everything is written into ``root/.tmp-step_00000042`` first, fsynced, then renamed: a crash
@@ -35,6 +37,7 @@ from typing import Any
 import torch
 
 from posttrain.fileio import fsync_dir
+from posttrain.trainer import dcp as dcp_io
 from posttrain.trainer import distributed as dp
 from posttrain.trainer.compat import RESUME_MUTABLE_KEYS, check_resume_compatible, resume_notes
 from posttrain.trainer.core import Trainer
@@ -155,9 +158,13 @@ class CheckpointManager:
             tmp.mkdir()
         dp.barrier()
         torch.save(get_rng_state(), tmp / f"rng_rank{rank}.pt")
+        sharded = getattr(trainer, "sharded", False)
+        if sharded:  # every rank writes its shards
+            dcp_io.save_sharded(tmp, trainer, tokenizer)
         if rank == 0:
-            save_model_dir(trainer.model, tmp / "model", tokenizer)
-            torch.save(trainer.state_dict(), tmp / "trainer.pt")
+            if not sharded:
+                save_model_dir(trainer.model, tmp / "model", tokenizer)
+            torch.save(trainer.state_dict(optimizer=not sharded), tmp / "trainer.pt")
             torch.save(data_state, tmp / "data_state.pt")
             meta = {
                 "format_version": FORMAT_VERSION,
@@ -227,18 +234,34 @@ class CheckpointManager:
         for note in resume_notes(meta["config"], config):
             warnings.warn(f"resuming from {path}: {note}", stacklevel=2)
         rank = dp.rank()
-        if meta["world_size"] != dp.world_size():
+        sharded = dcp_io.is_sharded_checkpoint(path)  # DCP reshards to any number of ranks
+        if getattr(trainer, "sharded", False) and not sharded:
+            raise ResumeError(
+                f"{path} is a replicated checkpoint (placement.policy_sharding=none); resume it "
+                "with policy_sharding=none, or start a new sharded run from its model/ folder "
+                "(model.name_or_path)"
+            )
+        if meta["world_size"] != dp.world_size() and not sharded:
             raise ResumeError(
                 f"{path} was written by {meta['world_size']} data-parallel ranks, this run has "
                 f"{dp.world_size()}; resume with the same number of ranks"
             )
         device = trainer.device
-        load_model_dir(trainer.model, path / "model")
+        if sharded:
+            dcp_io.load_sharded(path, trainer)
+        else:
+            load_model_dir(trainer.model, path / "model")
         trainer.load_state_dict(
             torch.load(path / "trainer.pt", map_location=device, weights_only=True)
         )
         data_state = torch.load(path / "data_state.pt", weights_only=True)
-        set_rng_state(torch.load(path / f"rng_rank{rank}.pt", weights_only=True))
+        rng = path / f"rng_rank{rank}.pt"
+        if rng.exists():
+            set_rng_state(torch.load(rng, weights_only=True))
+        else:  # a sharded checkpoint resumed on more ranks than wrote it
+            warnings.warn(
+                f"{path} holds no RNG state for rank {rank}; it keeps its own", stacklevel=2
+            )
         return ResumeState(path, int(meta["step"]), data_state, meta["config"])
 
     def resume(
@@ -314,6 +337,9 @@ class CheckpointManager:
 
 
 def _refuse_poisoned(trainer: Trainer) -> None:
+    if getattr(trainer, "sharded", False):
+        dcp_io.refuse_poisoned(trainer)
+        return
     for name, p in trainer.model.named_parameters():
         if not torch.isfinite(p).all():
             raise PoisonedStateError(f"refusing to save: parameter {name} holds NaN or inf")

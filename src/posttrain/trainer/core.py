@@ -32,6 +32,7 @@ from posttrain.algorithm.primitives.objective import (
     combine,
 )
 from posttrain.trainer import distributed as dp
+from posttrain.trainer import sharding as sh
 from posttrain.trainer.accumulate import (
     Accumulation,
     accumulate_gradients,
@@ -89,6 +90,8 @@ class Trainer:
     Data parallel: when ``torch.distributed`` is initialised, every rank constructs the trainer
     and calls ``train_on_batch``/``step`` together on its own shard (rows and tokens may differ);
     rank 0's weights are broadcast at construction and gradients are all-reduced once per step.
+    ``sharding="fsdp"`` shards parameters, gradients and optimizer state over the ranks instead
+    (``sharding.py``: FSDP2, reduce-scatter as a sum, ranks kept in lockstep).
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class Trainer:
         auxiliary_models: Sequence[nn.Module] = (),
         device: torch.device | str | None = None,
         compile: bool = False,
+        sharding: str = "none",
     ) -> None:
         if not isinstance(objective, Objective):
             raise TypeError(
@@ -121,6 +125,8 @@ class Trainer:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if sharding not in sh.POLICY_SHARDINGS:
+            raise ValueError(f"sharding must be one of {sh.POLICY_SHARDINGS}, got {sharding!r}")
         if grad_clip < 0:
             raise ValueError(f"grad_clip must be >= 0 (0 disables clipping), got {grad_clip}")
         if max_consecutive_nonfinite < 1:
@@ -140,6 +146,9 @@ class Trainer:
         if gradient_checkpointing:
             _enable_gradient_checkpointing(model)
         dp.broadcast_module_(self.model)
+        self.sharded = sharding == "fsdp"
+        if self.sharded:
+            sh.shard_model(self.model, precision)
         # The objective's forward + log-prob runs through the compiled wrapper (same parameters);
         # π_old is scored through it too, so a frozen π_old matches the update's forward.
         self.forward_model = torch.compile(self.model, dynamic=True) if compile else self.model
@@ -168,8 +177,9 @@ class Trainer:
             aux.requires_grad_(False)
 
     def forward_context(self) -> contextlib.AbstractContextManager:
-        """The autocast region every objective forward (and the π_old capture) runs in."""
-        if self.precision == "bfloat16":
+        """The autocast region every objective forward (and the π_old capture) runs in (none
+        when sharded: FSDP's mixed-precision policy casts the gathered parameters itself)."""
+        if self.precision == "bfloat16" and not self.sharded:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -242,8 +252,9 @@ class Trainer:
             self._warn_unequal_mean_chunks([len(c) for c in chunks])
         try:
             acc = accumulate_gradients(
-                self.forward_model, self.objective, chunks, forward_context=self.forward_context
-            )
+                self.forward_model, self.objective, chunks, forward_context=self.forward_context,
+                lockstep=self.sharded,
+            )  # fmt: skip
         except NonFiniteInputError:
             # NaN/inf log-probs (a diverged policy) take the path of a NaN loss: skip and count.
             acc = Accumulation(math.nan, math.nan, len(chunks))
@@ -296,6 +307,8 @@ class Trainer:
             )
 
     def _clip_and_norm(self) -> float:
+        if self.sharded:
+            return sh.grad_norm_(self.params, self.grad_clip)
         grads = [p.grad for p in self.params if p.grad is not None]
         if self.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
@@ -334,10 +347,11 @@ class Trainer:
         return out
 
     # -- state -----------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Optimizer, scheduler and counters (model weights are saved separately, HF layout)."""
-        return {
-            "optimizer": self.optimizer.state_dict(),
+    def state_dict(self, optimizer: bool = True) -> dict[str, Any]:
+        """Optimizer, scheduler and counters (model weights are saved separately, HF layout);
+        ``optimizer=False`` leaves the optimizer out (a sharded checkpoint keeps it in DCP)."""
+        out = {"optimizer": self.optimizer.state_dict()} if optimizer else {}
+        return out | {
             "scheduler": self.scheduler.state_dict(),
             "global_step": self.global_step,
             "consecutive_nonfinite": self.consecutive_nonfinite,
@@ -346,7 +360,9 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Restore :meth:`state_dict`; the optimizer only when ``state`` holds it."""
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = int(state["global_step"])
         self.consecutive_nonfinite = int(state["consecutive_nonfinite"])

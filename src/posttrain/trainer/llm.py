@@ -26,6 +26,7 @@ from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.trainer import distributed as dp
 from posttrain.trainer.core import Trainer
 from posttrain.trainer.errors import NondeterministicForwardError, PiOldNotCapturedError
+from posttrain.trainer.sharding import ghost_rows, lockstep_ghosts
 
 
 class LLMTrainer(Trainer):
@@ -66,10 +67,19 @@ class LLMTrainer(Trainer):
         if cache is None:
             raise ValueError("the objective declares no old_logp_cache; there is no π_old")
         collected = collected.to(self.device)
+        # Sharded: every rank runs as many (collective) forwards as the busiest one; the count
+        # is agreed before the first forward, so the collectives pair up in order.
+        ghosts = self._ghost_count(len(collected)) if self.sharded else 0
         with self.forward_context():
             cache.capture(self.forward_model, collected, chunk_size=self.micro_batch_size)
+            for _ in range(ghosts):
+                with torch.no_grad():
+                    cache.score(self.forward_model, ghost_rows([], collected))
         if self.certified_deterministic_forward and len(collected):
             self._verify_deterministic(collected[0 : min(self.micro_batch_size, len(collected))])
+
+    def _ghost_count(self, rows: int) -> int:
+        return lockstep_ghosts(-(-rows // self.micro_batch_size))
 
     @torch.no_grad()
     def _verify_deterministic(self, chunk: TrajectoryBatch) -> None:

@@ -1,0 +1,153 @@
+"""Sharded policy ranks through PyTorch's own FSDP2 (``fully_shard``).
+
+``placement.policy_sharding=fsdp`` wraps each decoder layer and then the root in
+``fully_shard``: every rank keeps 1/N of each parameter, gradient and AdamW moment, gathers a
+layer's parameters just before it runs and frees them after (forward and backward), and
+reduce-scatters the layer's gradient as soon as it is computed.
+
+What changes for the trainer, and why the update stays the single-process one:
+
+- Gradients are reduce-scattered as a **sum** (divide factor 1), exactly what the replicated
+  path's hand-written all-reduce produces; the TOKEN_SUM division by the global weight then runs
+  on the shards. No averaging over ranks sneaks in.
+- Every forward and backward is a collective, so ranks must run the same number of them. Ranks
+  may hold different numbers of rows, hence of micro-batches; :func:`lockstep_ghosts` tells a rank
+  how many extra *ghost* passes to run (a copy of one of its own rows whose loss is multiplied by
+  zero: its gradient is exactly zero and its metrics are dropped).
+- Norms and finiteness checks are computed on the local shards and summed over ranks.
+- ``model.dtype=bfloat16`` becomes FSDP's ``MixedPrecisionPolicy`` (parameters gathered in bf16,
+  gradients reduced in float32, float32 master shards) instead of autocast.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+
+from posttrain.trainer import distributed as dp
+
+POLICY_SHARDINGS = ("none", "fsdp")
+
+
+def local(t: Tensor) -> Tensor:
+    """This rank's part of ``t``: the local shard of a DTensor, ``t`` itself otherwise."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a Hugging Face model (peft-wrapped or not), in order.
+
+    They are the modules whose class the model declares unsplittable (``_no_split_modules``),
+    which is how Hugging Face itself finds the unit of sharding.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(
+            f"placement.policy_sharding=fsdp needs a Hugging Face model that declares its decoder "
+            f"layers (_no_split_modules); {type(base).__name__} declares none"
+        )
+    return layers
+
+
+def shard_model(model: nn.Module, precision: str) -> None:
+    """``fully_shard`` each decoder layer, then the root, over the default process group.
+
+    Call it on every rank with identical weights (the trainer broadcasts rank 0's first).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if not dp.is_distributed():
+        raise ValueError(
+            "placement.policy_sharding=fsdp needs a torch.distributed group (placement.backend=ray "
+            "starts one for the policy ranks)"
+        )
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (dp.world_size(),))
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if precision == "bfloat16"
+        else MixedPrecisionPolicy()
+    )
+    layers = decoder_layers(model)
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    # The root reshards too (its default keeps the embeddings gathered between a forward and the
+    # backward, which a scoring forward without backward, like π_old's, would leave gathered).
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+    for module in [*layers, model]:
+        # Sum, as the replicated path's all-reduce does; TOKEN_SUM divides once afterwards.
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+
+
+def lockstep_ghosts(passes: int) -> int:
+    """How many ghost passes this rank adds so that every rank runs the most ranks' ``passes``."""
+    (most,) = dp.all_reduce_floats([passes], "max")
+    return int(most) - passes
+
+
+def ghost_rows(chunks: Sequence, fallback=None):
+    """A one-row batch for ghost passes: this rank's first row (any real row will do)."""
+    source = chunks[0] if chunks else fallback
+    if source is None or len(source) == 0:
+        raise ValueError(
+            "placement.policy_sharding=fsdp: a policy rank received no rows; every rank needs at "
+            "least one row per mini-batch (raise data.prompts_per_step or lower policy_ranks)"
+        )
+    return source[0:1]
+
+
+@torch.no_grad()
+def grad_norm_(params: Sequence[nn.Parameter], max_norm: float) -> float:
+    """Global L2 norm of the (sharded) gradients; clips them to ``max_norm`` when it is > 0.
+
+    The clip coefficient is ``torch.nn.utils.clip_grad_norm_``'s: max_norm / (norm + 1e-6),
+    applied only when below 1.
+    """
+    grads = [local(p.grad) for p in params if p.grad is not None]
+    sq = sum(float(g.double().pow(2).sum()) for g in grads)
+    (total,) = dp.all_reduce_floats([sq])
+    norm = math.sqrt(total)
+    if max_norm > 0 and math.isfinite(norm):
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            torch._foreach_mul_(grads, coef)
+    return norm
+
+
+@torch.no_grad()
+def all_finite(tensors: Iterable[Tensor]) -> bool:
+    """Whether every rank's shards of ``tensors`` are finite (one collective)."""
+    ok = all(bool(torch.isfinite(local(t)).all()) for t in tensors)
+    (bad,) = dp.all_reduce_floats([0.0 if ok else 1.0], "max")
+    return bad == 0.0
+
+
+def shard_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """This rank's bytes of parameters, gradients and optimizer state, from the tensors' sizes
+    (local shards only: what the rank holds)."""
+
+    def size(t: Tensor) -> int:
+        t = local(t)
+        return t.numel() * t.element_size()
+
+    params = list({id(p): p for p in model.parameters()}.values())
+    state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, Tensor)]
+    return {
+        "params": sum(size(p) for p in params),
+        "grads": sum(size(p.grad) for p in params if p.grad is not None),
+        "optimizer": sum(size(v) for v in state if v.ndim > 0),
+    }
