@@ -30,7 +30,7 @@ from posttrain.control.input_checks import check_inputs
 from posttrain.data.tasks import TaskItem, TaskSource, make_task_source
 from posttrain.metrics import open_sinks
 from posttrain.model.loading import load_tokenizer
-from posttrain.model.tiny import build_tiny_model
+from posttrain.model.tiny import ensure_tiny_model
 from posttrain.reward.dynamic_sampling import sample_step
 from posttrain.run.lock import RunLock, prepare_run_dir
 from posttrain.run.records import (
@@ -96,11 +96,8 @@ def ensure_model(config: PosttrainConfig) -> None:
             f"model.name_or_path={str(path)!r} is not a Hugging Face model directory (no "
             "config.json); point it at a local model, or set model.init_preset=tiny to build one"
         )
-    if config.model.init_preset and not (path / "config.json").exists():
-        log.info(
-            "building a %s model at %s (seed %d)", config.model.init_preset, path, config.job.seed
-        )
-        build_tiny_model(config.model.init_preset, path, seed=config.job.seed)
+    if config.model.init_preset:
+        ensure_tiny_model(config.model.init_preset, path, seed=config.job.seed)
 
 
 def _place(config, config_path: str, opts, build_objective_fn, run_dir: Path, teacher: bool):
