@@ -46,7 +46,6 @@ from posttrain.model.tokenizer import (
     save_char_tokenizer,
 )
 
-
 log = logging.getLogger("posttrain")
 
 #: Builds write into ``<parent>/.tmp-build-<name>.<random>`` and rename it into place.
