@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from posttrain.config import ConfigError
 from posttrain.run.signals import RunInterrupted, signals_raise
+from posttrain.textsafe import sanitize
 
 #: Exit status for a user error in the config or the overrides.
 EXIT_CONFIG_ERROR = 2
@@ -60,7 +61,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def one_line(message: str, limit: int = MAX_MESSAGE) -> str:
     """``message`` on one line; past ``limit`` characters its middle is cut (the start names
     what failed, the end says what to do), and the cut length is said."""
-    flat = " ".join(message.split())
+    flat = " ".join(sanitize(message).split())
     if len(flat) <= limit:
         return flat
     head, tail = limit * 2 // 3, limit // 3
