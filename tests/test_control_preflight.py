@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,7 @@ GSPO = [
 OPD = ["job.algorithm=opd", "teacher.name_or_path=teacher"]
 DIRECT = [*OPD, "rl.distillation_mode=direct"]
 DPO = ["job.algorithm=dpo", "dpo.pairs_path=pairs.jsonl"]
+SCHEDULE = f"model.name_or_path={Path(__file__).parent / 'fixtures' / 'dpo_schedule'}"
 CERTIFIED = ["model.certified_deterministic_forward=true"]
 JSONL = ["data.task=jsonl", "data.train_path=train.jsonl", "data.val_path=val.jsonl"]
 
@@ -176,6 +178,8 @@ CASES: list[tuple[str, list[str], str, list[str]]] = [
      "dpo.min_timestep=100 is never read", [*DPO, "dpo.min_timestep=100"]),
     ("dpo_single_policy_rank", [*DPO, "placement.backend=ray", "placement.policy_ranks=2"],
      "the DPO entry trains one policy rank", [*DPO, "placement.backend=ray"]),
+    ("dpo_timesteps_within_schedule", [*DPO, SCHEDULE, "dpo.min_timestep=5000"],
+     "dpo.min_timestep=5000 exceeds the model's schedule of 1000", [*DPO, SCHEDULE]),
     # warnings
     ("top_p_truncates_sampling", ["rollout.top_p=0.9"], "rollout.top_p=0.9: responses come from",
      ["rollout.top_p=1"]),
