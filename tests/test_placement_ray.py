@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -289,3 +290,52 @@ def test_role_errors_are_translated():
     assert isinstance(died, RoleFailedError) and "\n" not in str(died)
     assert str(died).startswith("the policy rank 1 actor died (The actor died unexpectedly")
     assert "/runs/x/checkpoints" in str(died) and "rl.resume=auto" in str(died)
+
+
+class Sleeper:
+    """A stand-in role process: answers its pid, naps on request."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def nap(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+
+def test_a_stopped_actor_neither_hangs_the_driver_nor_deafens_it_to_signals(cluster):
+    """Issue 24 item 8, on the wait every role call goes through: a call past
+    placement.role_call_timeout_s fails in one line naming the role; while a call hangs, a first
+    SIGTERM's grace runs out and a second SIGTERM stops at once (not a mangled SystemError)."""
+    from posttrain.placement.errors import RoleFailedError
+    from posttrain.placement.ray import _Actors
+    from posttrain.placement.ray_host import worker_pythonpath
+    from posttrain.run.signals import GracefulStop, RunInterrupted
+
+    env = {"PYTHONPATH": worker_pythonpath()}
+    handle = ray.remote(Sleeper).options(num_cpus=0.1, runtime_env={"env_vars": env}).remote()
+    actors = _Actors({"reward": handle}, "/runs/x/checkpoints", call_timeout_s=1.0)
+    pid = actors.gather([("reward", handle.pid.remote())], 120)[0]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        with pytest.raises(RoleFailedError) as e:
+            actors.gather([("reward", handle.nap.remote(0))])
+        assert time.monotonic() - began < 5
+        assert str(e.value).startswith(
+            "the reward role did not answer within placement.role_call_timeout_s=1 s (its "
+            "process may be hung or stopped); the run stopped. Complete checkpoints under "
+            "/runs/x/checkpoints are intact"
+        )
+        actors.call_timeout_s = None  # no deadline: only the signals can end the wait
+        for grace, kills, reason in ((1.0, 1, "signal_grace_s=1 s"), (60.0, 2, None)):
+            with GracefulStop(True, "ck/step_2", grace_s=grace), pytest.raises(RunInterrupted) as e:
+                for k in range(kills):
+                    threading.Timer(0.2 + 1.5 * k, os.kill, (os.getpid(), signal.SIGTERM)).start()
+                began = time.monotonic()
+                actors.gather([("reward", handle.nap.remote(0))])
+            assert time.monotonic() - began < 5
+            assert (reason in str(e.value)) if reason else ("grace" not in str(e.value))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        actors.close()

@@ -206,17 +206,24 @@ def deterministic_minis_fill_micro_batches(cfg: PosttrainConfig) -> str | None:
     "placement.cpus_per_role",
     "placement.gpus_per_role",
     "placement.policy_ranks",
+    "placement.role_call_timeout_s",
 )
 def ray_knobs_need_ray(cfg: PosttrainConfig) -> str | None:
     """Ray address, per-actor resources and several policy ranks need placement.backend=ray
     (in-process placement runs one policy rank)."""
     if cfg.placement.backend == "ray":
         return None
-    knobs = changed(cfg.placement, "ray_address", "cpus_per_role", "gpus_per_role", "policy_ranks")
+    knobs = changed(cfg.placement, "ray_address", "cpus_per_role", "gpus_per_role", "policy_ranks",
+                    "role_call_timeout_s")  # fmt: skip
     if not knobs:
         return None
     hint = reset_hint(
-        cfg.placement, "ray_address", "cpus_per_role", "gpus_per_role", "policy_ranks"
+        cfg.placement,
+        "ray_address",
+        "cpus_per_role",
+        "gpus_per_role",
+        "policy_ranks",
+        "role_call_timeout_s",
     )
     return f"{are(knobs)} never read by placement.backend=local; {hint}, or use backend=ray"
 

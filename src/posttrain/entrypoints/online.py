@@ -203,7 +203,11 @@ def loop(config: PosttrainConfig, roles, tasks: TaskSource, run_dir: Path) -> di
         summary["initial_val_accuracy"] = first["val/accuracy"]
     bar = _progress(config, start)
     began = time.perf_counter()
-    stop = GracefulStop(config.checkpoint.save_on_signal, state.path if state else None).install()
+    stop = GracefulStop(
+        config.checkpoint.save_on_signal,
+        state.path if state else None,
+        grace_s=config.checkpoint.signal_grace_s,
+    ).install()
     try:
         for step in range(start + 1, rl.max_steps + 1):
             t0 = time.perf_counter()

@@ -27,6 +27,8 @@ RESUME_MUTABLE_KEYS: tuple[str, ...] = (
     "rl.resume",
     "checkpoint.keep_last",
     "checkpoint.save_on_signal",
+    "checkpoint.signal_grace_s",
+    "placement.role_call_timeout_s",
     "logging.*",
 )
 
