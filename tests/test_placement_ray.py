@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -339,3 +340,28 @@ def test_a_stopped_actor_neither_hangs_the_driver_nor_deafens_it_to_signals(clus
     finally:
         os.kill(pid, signal.SIGCONT)
         actors.close()
+
+
+def test_a_role_failure_is_one_short_line_naming_role_exception_and_frame():
+    """Issue 24 item 14: the role, the exception and the innermost frame of project or user code;
+    not Ray's frames, ids or addresses, no escape codes."""
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    from posttrain.placement.ray import _Actors
+
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "/venv/lib/python3.11/site-packages/ray/_private/worker.py", line 900, in main\n'
+        "    return fn()\n"
+        '  File "/home/u/my_objective.py", line 12, in build\n'
+        "    raise KeyError('w')\n"
+        f'  File "{sysconfig.get_paths()["stdlib"]}/json/decoder.py", line 3, in decode\n'
+        "ValueError: w\n" + "ray internals\n" * 40
+    )
+    error = RayTaskError("call", tb, ValueError("\x1b[31mw"), proctitle="t", pid=1, ip="10.0.0.1")
+    failed = str(_Actors()._failure({}, "policy rank 0", error, []))
+    assert failed == (
+        "the policy rank 0 role failed: ValueError: w (at /home/u/my_objective.py:12 in build)"
+    )
+    died = str(_Actors()._failure({}, "reward", ActorDiedError(error), []))
+    assert len(died) < 400 and "\n" not in died

@@ -24,8 +24,9 @@ class PlacementConfig(Section):
     ray_address: str = Field(
         "",
         description="Ray cluster to join (`auto`, or the `HOST:PORT` printed by `ray start "
-        "--head`); empty starts a local Ray instance without dashboard. Ignored when this process "
-        "already runs Ray. Read only for `backend=ray`.",
+        "--head`); empty starts a local Ray instance without the dashboard web UI (Ray still runs "
+        "its minimal API server and dashboard agent: runtime environments and metrics need "
+        "them). Ignored when this process already runs Ray. Read only for `backend=ray`.",
     )
     policy_ranks: int = Field(
         1,

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import sysconfig
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +52,7 @@ from posttrain.placement.ray_host import (
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 from posttrain.placement.teacher import TeacherRole, with_annotations
 from posttrain.run.signals import deferred
+from posttrain.textsafe import exception_text, sanitize
 from posttrain.trainer.compat import differing_keys
 
 log = logging.getLogger("posttrain")
@@ -59,6 +62,8 @@ START_TIMEOUT_S = 600.0
 #: After one actor fails, how long to look for a death among the others (the root cause: a rank
 #: that loses its peer fails too, and the report should name the peer that died).
 DEATH_GRACE_S = 5.0
+#: Where the standard library lives: its frames are not where a failure is to be fixed.
+_STDLIB = sysconfig.get_paths()["stdlib"]
 #: Longest single wait inside :meth:`_Actors.gather` before Python's signal handlers get a turn.
 POLL_S = 0.5
 #: torch.distributed timeout of the policy group; the driver's own failure checks come first.
@@ -132,8 +137,9 @@ class _Actors:
         if isinstance(cause, ConfigError) or type(cause).__module__.startswith("posttrain."):
             return cause
         log.error("%s failed; remote traceback:\n%s", name, error)
-        what = f"{type(cause).__name__}: {cause}" if cause is not None else _first_lines(error)
-        return RoleFailedError(f"the {name} role failed: {what}")
+        what = exception_text(cause) if cause is not None else _first_lines(error)
+        frame = _last_code_frame(getattr(error, "traceback_str", "") or "")
+        return RoleFailedError(f"the {name} role failed: {what}{frame}")
 
     def close(self) -> None:
         for handle in self.handles.values():
@@ -159,10 +165,27 @@ def _wait(refs: list, timeout: float) -> tuple[list, list]:
         raise
 
 
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)', re.M)
+
+
+def _last_code_frame(traceback_text: str) -> str:
+    """`` (at file.py:12 in build)``: the innermost frame of a remote traceback outside Ray and
+    the standard library, i.e. the project's or the user's code; empty when there is none."""
+    frames = [
+        m for m in _FRAME.finditer(traceback_text)
+        if f"{os.sep}ray{os.sep}" not in m["file"] and not m["file"].startswith(_STDLIB)
+    ]  # fmt: skip
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (at {last['file']}:{last['line']} in {last['func']})"
+
+
 def _first_lines(error: BaseException) -> str:
     """An error's message without Ray's indented detail lines (ids, pids, addresses)."""
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip() and ln[:1] != "\t"]
-    return " ".join(lines) or type(error).__name__
+    text = sanitize(" ".join(lines)) or type(error).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 class RemoteRole:
