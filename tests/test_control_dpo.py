@@ -12,6 +12,8 @@ from preflight_cases import DPO, Case, check_case, covered  # noqa: E402
 
 from posttrain.control import dpo  # noqa: E402
 
+SCHEDULE = f"model.name_or_path={Path(__file__).parent / 'fixtures' / 'dpo_schedule'}"
+
 CASES: list[Case] = [
     ("dpo_reads_no_online_knobs", [*DPO, "rl.rollout_is_cap=2", "teacher.top_k=8"],
      "rl.rollout_is_cap=2.0, teacher.top_k=8 are never read by job.algorithm=dpo", DPO),
@@ -26,6 +28,8 @@ CASES: list[Case] = [
      "dpo.min_timestep=100 is never read", [*DPO, "dpo.min_timestep=100"]),
     ("dpo_single_policy_rank", [*DPO, "placement.backend=ray", "placement.policy_ranks=2"],
      "the DPO entry trains one policy rank", [*DPO, "placement.backend=ray"]),
+    ("dpo_timesteps_within_schedule", [*DPO, SCHEDULE, "dpo.min_timestep=5000"],
+     "dpo.min_timestep=5000 exceeds the model's schedule of 1000", [*DPO, SCHEDULE]),
 ]  # fmt: skip
 
 

@@ -14,6 +14,8 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
+import threading
 import time
 from pathlib import Path
 
@@ -289,3 +291,77 @@ def test_role_errors_are_translated():
     assert isinstance(died, RoleFailedError) and "\n" not in str(died)
     assert str(died).startswith("the policy rank 1 actor died (The actor died unexpectedly")
     assert "/runs/x/checkpoints" in str(died) and "rl.resume=auto" in str(died)
+
+
+class Sleeper:
+    """A stand-in role process: answers its pid, naps on request."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def nap(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+
+def test_a_stopped_actor_neither_hangs_the_driver_nor_deafens_it_to_signals(cluster):
+    """Issue 24 item 8, on the wait every role call goes through: a call past
+    placement.role_call_timeout_s fails in one line naming the role; while a call hangs, a first
+    SIGTERM's grace runs out and a second SIGTERM stops at once (not a mangled SystemError)."""
+    from posttrain.placement.errors import RoleFailedError
+    from posttrain.placement.ray import _Actors
+    from posttrain.placement.ray_host import worker_pythonpath
+    from posttrain.run.signals import GracefulStop, RunInterrupted
+
+    env = {"PYTHONPATH": worker_pythonpath()}
+    handle = ray.remote(Sleeper).options(num_cpus=0.1, runtime_env={"env_vars": env}).remote()
+    actors = _Actors({"reward": handle}, "/runs/x/checkpoints", call_timeout_s=1.0)
+    pid = actors.gather([("reward", handle.pid.remote())], 120)[0]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        with pytest.raises(RoleFailedError) as e:
+            actors.gather([("reward", handle.nap.remote(0))])
+        assert time.monotonic() - began < 5
+        assert str(e.value).startswith(
+            "the reward role did not answer within placement.role_call_timeout_s=1 s (its "
+            "process may be hung or stopped); the run stopped. Complete checkpoints under "
+            "/runs/x/checkpoints are intact"
+        )
+        actors.call_timeout_s = None  # no deadline: only the signals can end the wait
+        for grace, kills, reason in ((1.0, 1, "signal_grace_s=1 s"), (60.0, 2, None)):
+            with GracefulStop(True, "ck/step_2", grace_s=grace), pytest.raises(RunInterrupted) as e:
+                for k in range(kills):
+                    threading.Timer(0.2 + 1.5 * k, os.kill, (os.getpid(), signal.SIGTERM)).start()
+                began = time.monotonic()
+                actors.gather([("reward", handle.nap.remote(0))])
+            assert time.monotonic() - began < 5
+            assert (reason in str(e.value)) if reason else ("grace" not in str(e.value))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        actors.close()
+
+
+def test_a_role_failure_is_one_short_line_naming_role_exception_and_frame():
+    """Issue 24 item 14: the role, the exception and the innermost frame of project or user code;
+    not Ray's frames, ids or addresses, no escape codes."""
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    from posttrain.placement.ray import _Actors
+
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "/venv/lib/python3.11/site-packages/ray/_private/worker.py", line 900, in main\n'
+        "    return fn()\n"
+        '  File "/home/u/my_objective.py", line 12, in build\n'
+        "    raise KeyError('w')\n"
+        f'  File "{sysconfig.get_paths()["stdlib"]}/json/decoder.py", line 3, in decode\n'
+        "ValueError: w\n" + "ray internals\n" * 40
+    )
+    error = RayTaskError("call", tb, ValueError("\x1b[31mw"), proctitle="t", pid=1, ip="10.0.0.1")
+    failed = str(_Actors()._failure({}, "policy rank 0", error, []))
+    assert failed == (
+        "the policy rank 0 role failed: ValueError: w (at /home/u/my_objective.py:12 in build)"
+    )
+    died = str(_Actors()._failure({}, "reward", ActorDiedError(error), []))
+    assert len(died) < 400 and "\n" not in died

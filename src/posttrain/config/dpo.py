@@ -7,7 +7,9 @@ diffusion preference run reads.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -83,3 +85,31 @@ class DPOConfig(Section):
         if not math.isfinite(value):
             raise ValueError("must be finite")
         return value
+
+
+def schedule_problem(dpo: DPOConfig, model_dir: str | Path) -> str | None:
+    """What in ``dpo`` the model's DDPM schedule cannot honour, or None.
+
+    The schedule's length T (``num_train_timesteps``) belongs to the model, not the config, so
+    this reads ``scheduler/scheduler_config.json`` of the pipeline folder (no weights): the
+    timestep ``dpo.min_timestep`` must lie in 0..T-1 and DDIM's ``dpo.sample_steps`` in 1..T.
+    None too when the folder has no readable schedule (loading the model reports that).
+    """
+    path = Path(model_dir) / "scheduler" / "scheduler_config.json"
+    try:
+        steps = json.loads(path.read_text()).get("num_train_timesteps", 1000)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        return f"{path}: num_train_timesteps is {steps!r}, not a positive int; repair the model"
+    problems = []
+    if dpo.loss == "dpo" and dpo.min_timestep > steps - 1:
+        problems.append(f"dpo.min_timestep={dpo.min_timestep}")
+    if dpo.sample_steps > steps:
+        problems.append(f"dpo.sample_steps={dpo.sample_steps}")
+    if not problems:
+        return None
+    return (
+        f"{' and '.join(problems)} {'exceeds' if len(problems) == 1 else 'exceed'} the model's schedule of {steps} training timesteps "
+        f"({path}); use dpo.min_timestep in 0..{steps - 1} and dpo.sample_steps in 1..{steps}"
+    )

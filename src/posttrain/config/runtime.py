@@ -24,8 +24,9 @@ class PlacementConfig(Section):
     ray_address: str = Field(
         "",
         description="Ray cluster to join (`auto`, or the `HOST:PORT` printed by `ray start "
-        "--head`); empty starts a local Ray instance without dashboard. Ignored when this process "
-        "already runs Ray. Read only for `backend=ray`.",
+        "--head`); empty starts a local Ray instance without the dashboard web UI (Ray still runs "
+        "its minimal API server and dashboard agent: runtime environments and metrics need "
+        "them). Ignored when this process already runs Ray. Read only for `backend=ray`.",
     )
     policy_ranks: int = Field(
         1,
@@ -61,6 +62,13 @@ class PlacementConfig(Section):
         "the one process of a `local` run); keep the product with the process count at or below "
         "the core count. For small models one thread is fastest.",
     )
+    role_call_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="Seconds one call on a Ray actor (a rollout, a reward batch, a policy update, "
+        "a save) may take before the run stops with one line naming the role: a hung or stopped "
+        "actor otherwise blocks the driver forever. Read only for `backend=ray`.",
+    )
     device: str = Field(
         "auto",
         pattern=r"^(auto|cpu|cuda|cuda:[0-9]+)$",
@@ -69,7 +77,7 @@ class PlacementConfig(Section):
         "places roles with `gpus_per_role` instead.",
     )
 
-    @field_validator("cpus_per_role", "gpus_per_role")
+    @field_validator("cpus_per_role", "gpus_per_role", "role_call_timeout_s")
     @classmethod
     def _finite(cls, value: float) -> float:
         if not math.isfinite(value):
@@ -127,3 +135,17 @@ class CheckpointConfig(Section):
         description="On SIGINT/SIGTERM, finish the current step and save a checkpoint before "
         "exiting (a second signal stops at once); false stops at once without saving.",
     )
+    signal_grace_s: float = Field(
+        120.0,
+        gt=0,
+        description="With `save_on_signal`, how long the first SIGINT/SIGTERM waits for the "
+        "current step (and its save) to finish; past it the run stops as on a second signal, "
+        "keeping the last complete checkpoint. Keep it below your scheduler's kill timeout.",
+    )
+
+    @field_validator("signal_grace_s")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be finite")
+        return value

@@ -99,10 +99,24 @@ def dpo_single_policy_rank(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@error("dpo.min_timestep", "dpo.sample_steps", "model.name_or_path")
+def dpo_timesteps_within_schedule(cfg: PosttrainConfig) -> str | None:
+    """The timestep range and DDIM steps must fit the model's DDPM schedule (read from its
+    pipeline folder, no weights) rather than fail after the model has loaded."""
+    from posttrain.config.dpo import schedule_problem
+
+    return (
+        schedule_problem(cfg.dpo, cfg.model.name_or_path)
+        if objective_family(cfg) == "dpo"
+        else None
+    )
+
+
 RULES = (
     dpo_reads_no_online_knobs,
     dpo_knobs_without_dpo,
     dpo_needs_pairs,
     beta_without_dpo_loss,
     dpo_single_policy_rank,
+    dpo_timesteps_within_schedule,
 )

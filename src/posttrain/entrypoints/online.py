@@ -28,7 +28,7 @@ from posttrain.control.data_checks import load_tasks
 from posttrain.control.input_checks import check_inputs
 from posttrain.data.tasks import TaskItem, TaskSource
 from posttrain.model.loading import load_tokenizer
-from posttrain.model.tiny import build_tiny_model
+from posttrain.model.tiny import ensure_tiny_model
 from posttrain.placement.specs import RoleSpec, annotate
 from posttrain.reward.dynamic_sampling import sample_step
 from posttrain.run.records import encode_prompts, write_samples
@@ -87,11 +87,8 @@ def ensure_model(config: PosttrainConfig) -> None:
     """Build the from-scratch tiny model the recipe asks for, once, before any role loads it."""
     check_model_source(config)
     path = Path(config.model.name_or_path)
-    if config.model.init_preset and not (path / "config.json").exists():
-        log.info(
-            "building a %s model at %s (seed %d)", config.model.init_preset, path, config.job.seed
-        )
-        build_tiny_model(config.model.init_preset, path, seed=config.job.seed)
+    if config.model.init_preset:
+        ensure_tiny_model(config.model.init_preset, path, seed=config.job.seed)
 
 
 def check_model_source(config: PosttrainConfig) -> None:

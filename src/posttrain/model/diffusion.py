@@ -90,6 +90,9 @@ def load_pipeline(directory: str | Path, device: str | torch.device = "cpu"):
     unet_config(path)
     d = _diffusers()
     unet = d.UNet2DModel.from_pretrained(str(path), subfolder="unet").to(device).float()
+    from posttrain.model.loading import refuse_nonfinite
+
+    refuse_nonfinite(unet, path / "unet")
     scheduler = d.DDPMScheduler.from_pretrained(str(path), subfolder="scheduler")
     return unet, scheduler
 

@@ -57,6 +57,20 @@ def check_model_folder(name_or_path: str | Path) -> Path:
     return path
 
 
+def refuse_nonfinite(model: torch.nn.Module, folder: str | Path) -> None:
+    """Raise :class:`ModelLoadError` naming the first tensor of ``model`` (parameters and
+    buffers) that holds NaN or inf: such weights load without complaint, then every step fails
+    as if training had diverged. One pass over the weights, a small fraction of loading them."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ModelLoadError(
+                f"model folder {str(folder)!r}: tensor {name} holds NaN or inf ({bad} of "
+                f"{tensor.numel()} values); the weights are damaged: copy them again, or point "
+                "model.name_or_path at a model whose weights are finite"
+            )
+
+
 def load_policy(
     name_or_path: str | Path,
     tokenizer_path: str | Path | None = None,
@@ -79,6 +93,7 @@ def load_policy(
             f"model folder {str(path)!r}: the weights do not load ({type(e).__name__}: "
             f"{first[:200]}); they may be truncated or damaged: copy them again"
         ) from e
+    refuse_nonfinite(model, path)
     if device is not None:
         model = model.to(device)
     model.eval()

@@ -20,12 +20,21 @@ get going.
 
 from __future__ import annotations
 
+import fcntl
+import json
+import logging
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from posttrain.fileio import fsync_dir
+from posttrain.model.errors import ModelLoadError
+from posttrain.model.loading import WEIGHT_FILES
 from posttrain.model.tokenizer import (
     ARITHMETIC_CHARACTERS,
     BOS,
@@ -36,6 +45,16 @@ from posttrain.model.tokenizer import (
     char_vocab,
     save_char_tokenizer,
 )
+
+log = logging.getLogger("posttrain")
+
+#: Builds write into ``<parent>/.tmp-build-<name>.<random>`` and rename it into place.
+_TMP_PREFIX = ".tmp-build-"
+#: What a build writes: a folder holding only these (a subset) can be rebuilt safely.
+_BUILD_FILES = frozenset(
+    {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+     "tokenizer_config.json", "special_tokens_map.json"}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -89,16 +108,100 @@ def build_tiny_model(preset: str, out_dir: str | Path, seed: int = 0) -> Path:
 
     The folder holds ``config.json``, ``model.safetensors``, ``generation_config.json`` and the
     char-level tokenizer; ``load_policy(out_dir)`` loads it back. Same seed -> same weights.
+    Everything is written into a temp folder beside ``out_dir`` and renamed into place, so a
+    kill at any moment leaves no folder that looks like a model but lacks its weights.
     """
     config = tiny_config(preset)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} exists and is not a directory; choose another path")
-    out.mkdir(parents=True, exist_ok=True)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    model.generation_config.pad_token_id = config.pad_token_id
-    model.save_pretrained(out, safe_serialization=True)
-    save_char_tokenizer(build_char_tokenizer(PRESETS[preset].characters), out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{out.name}.", dir=out.parent))
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(config)
+        model.generation_config.pad_token_id = config.pad_token_id
+        model.save_pretrained(tmp, safe_serialization=True)
+        save_char_tokenizer(build_char_tokenizer(PRESETS[preset].characters), tmp)
+        _fsync_tree(tmp)
+        _move_into_place(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def ensure_tiny_model(preset: str, out_dir: str | Path, seed: int = 0) -> bool:
+    """Make sure ``out_dir`` holds a complete ``preset`` model; True when this call built it.
+
+    Runs that start at once (the default recipes share one folder) agree through an exclusive
+    lock on a sibling ``.<name>.lock`` file: one builds, the others wait and reuse its folder.
+    A folder with this preset's ``config.json`` but no weights (what versions that wrote in place
+    left after a kill) is rebuilt, with a warning; any other incomplete folder is refused.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        for stale in out.parent.glob(f"{_TMP_PREFIX}{out.name}.*"):
+            shutil.rmtree(stale, ignore_errors=True)  # a killed builder's (it held this lock)
+        if (out / "config.json").is_file():
+            if any((out / name).is_file() for name in WEIGHT_FILES):
+                return False
+            if not _is_half_built(preset, out):
+                raise ModelLoadError(
+                    f"model folder {str(out)!r} has a config.json but no weights, and it is not "
+                    f"a {preset!r} model that model.init_preset={preset} would build; point "
+                    "model.name_or_path elsewhere, or delete that folder to have it built"
+                )
+            log.warning(
+                "model folder %s holds a half-built %s model (config.json, no weights: an "
+                "interrupted build); rebuilding it",
+                out,
+                preset,
+            )
+        elif out.is_dir() and any(out.iterdir()):
+            raise ModelLoadError(
+                f"model folder {str(out)!r} is not empty but has no config.json, so "
+                f"model.init_preset={preset} will not build a model over it; empty it or point "
+                "model.name_or_path elsewhere"
+            )
+        log.info("building a %s model at %s (seed %d)", preset, out, seed)
+        build_tiny_model(preset, out, seed=seed)
+        return True
+
+
+def _is_half_built(preset: str, out: Path) -> bool:
+    """Whether ``out`` holds only what a build of ``preset`` writes before its weights."""
+    try:
+        saved = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    want = tiny_config(preset).to_dict()
+    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size")
+    if not isinstance(saved, dict) or any(saved.get(k) != want[k] for k in keys):
+        return False
+    return all(p.name in _BUILD_FILES for p in out.iterdir())
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in path.iterdir():
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_dir(path)
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``; into an existing non-empty folder, file by file with
+    ``config.json`` last (a folder with a config then always has its weights)."""
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+    if not out.exists():
+        os.rename(tmp, out)
+    else:
+        for p in sorted(tmp.iterdir(), key=lambda p: p.name == "config.json"):
+            os.replace(p, out / p.name)
+    fsync_dir(out.parent)

@@ -111,7 +111,8 @@ def _place_ray(config, config_path, opts, build_trainer_fn, run_dir) -> RayDiffu
     owns_ray = connect(pc, actors=1, model_actors=1)
     run_dir = str(Path(run_dir).resolve())
     device = "cuda" if pc.gpus_per_role > 0 else None
-    actors = _Actors(checkpoints=str(Path(run_dir) / "checkpoints"))
+    actors = _Actors(checkpoints=str(Path(run_dir) / "checkpoints"),
+                     call_timeout_s=pc.role_call_timeout_s)  # fmt: skip
     name = "policy rank 0"
     try:
         actors.handles[name] = host_actor(pc, PolicyHost, pc.gpus_per_role)

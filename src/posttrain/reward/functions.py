@@ -16,16 +16,31 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from posttrain.config.errors import ConfigError
 from posttrain.config.user_code import import_user_module, split_spec
+from posttrain.run.signals import RunInterrupted
+from posttrain.textsafe import exception_text
 
 RewardFn = Callable[[str, str, str, dict], float]
 
 #: The call every reward function must accept.
 SIGNATURE = "fn(prompt, completion, answer, meta) -> float"
+
+
+#: The largest reward magnitude accepted, per component and in total. Rewards and advantages go
+#: into the batch as float32 (largest finite value 3.4e38), and the group statistics square
+#: differences of rewards in float64; at 1e30 neither can overflow (with a factor of 10^8 to
+#: spare), so a huge but finite reward is refused by name instead of ending the step in inf.
+MAX_ABS_REWARD = 1e30
+
+
+class RewardError(RuntimeError):
+    """A reward component failed or gave a non-finite value on a named sample."""
 
 
 class RewardFunctionSpecError(ConfigError):
@@ -77,3 +92,58 @@ def load_reward_function(spec: str) -> RewardFunction:
     except ValueError:
         pass  # no introspectable signature (some builtins); the first call will tell
     return RewardFunction(spec=spec, fn=fn)
+
+
+def checked_reward(call: Callable[[], object], what: str, where: str) -> float:
+    """``call()`` (one reward component on one row) as a float, or a :class:`RewardError`
+    naming ``what`` and ``where`` for anything it raises or returns that is not a usable reward.
+
+    Any exception counts, ``BaseException`` subclasses included (``GeneratorExit``,
+    ``SystemExit``): they come from the function, not from the run. Two pass through: a signal
+    posttrain's own handlers turned into :class:`RunInterrupted`, and ``KeyboardInterrupt`` while
+    Python's default SIGINT handler is in place (then it may be a real Ctrl-C). Under posttrain's
+    handlers a Ctrl-C never arrives as ``KeyboardInterrupt``, so one then is the function's own.
+    """
+    try:
+        value = call()
+    except RunInterrupted:
+        raise
+    except KeyboardInterrupt as e:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            raise
+        raise RewardError(
+            f"{what} raised {exception_text(e)} on {where} (the function raised it itself; no "
+            "Ctrl-C reached posttrain)"
+        ) from e
+    except SystemExit as e:
+        raise RewardError(
+            f"{what} called sys.exit({e.code!r}) on {where}; raise an exception to fail a run"
+        ) from e
+    except BaseException as e:  # noqa: BLE001 - see the docstring
+        raise RewardError(f"{what} raised {exception_text(e)} on {where}") from e
+    if isinstance(value, str | bytes):
+        raise RewardError(f"{what} returned a string, not a number, on {where}")
+    try:
+        x = float(value)
+    except OverflowError:
+        size = (
+            f"an int of about 10**{int(value.bit_length() * math.log10(2))}"
+            if isinstance(value, int)
+            else f"a {type(value).__name__}"
+        )
+        raise RewardError(
+            f"{what} returned {size}, too large to be a reward (|reward| <= {MAX_ABS_REWARD:g}), "
+            f"on {where}"
+        ) from None
+    except Exception:
+        raise RewardError(
+            f"{what} returned {type(value).__name__}, not a number, on {where}"
+        ) from None
+    if not math.isfinite(x):
+        raise RewardError(f"{what} returned {x} on {where}: rewards must be finite")
+    if abs(x) > MAX_ABS_REWARD:
+        raise RewardError(
+            f"{what} returned {x:g} on {where}: rewards must satisfy |reward| <= "
+            f"{MAX_ABS_REWARD:g} (larger ones overflow the group statistics); scale it down"
+        )
+    return x

@@ -15,7 +15,9 @@ every group complete (dispatch may split groups later; nothing after this stage 
 group statistics). Shared-prefix masking and ``mask_truncated``, when on, narrow
 ``response_mask`` after the advantages are computed.
 
-A reward component that raises, returns a non-number, or gives NaN/inf stops the run with
+A reward component that raises (any exception, see
+:func:`~posttrain.reward.functions.checked_reward`), returns a non-number, gives NaN/inf or a
+magnitude above :data:`~posttrain.reward.functions.MAX_ABS_REWARD` stops the run with
 :class:`RewardError`, which names the row, its sample id, item id and a prompt excerpt, and the
 component.
 """
@@ -35,12 +37,14 @@ from posttrain.algorithm.primitives.choices import AdvantageEstimator, RewardSca
 from posttrain.data.tasks.base import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.reward.extract import follows_format
-from posttrain.reward.functions import RewardFunction, load_reward_function
+from posttrain.reward.functions import (
+    MAX_ABS_REWARD,
+    RewardError,
+    RewardFunction,
+    checked_reward,
+    load_reward_function,
+)
 from posttrain.reward.verifiers import VerifierName, get_verifier
-
-
-class RewardError(RuntimeError):
-    """A reward component failed or gave a non-finite value on a named sample."""
 
 
 @dataclass(frozen=True)
@@ -166,7 +170,7 @@ class RewardStage:
         fn_vals: dict[str, list[float]] = {f.spec: [] for f in self.functions}
         for i, (completion, item) in enumerate(zip(completions, items, strict=True)):
             where = _row_name(i, ids[i], item)
-            v = _checked(
+            v = checked_reward(
                 lambda c=completion, it=item: self._verify(c, it),
                 f"verifier {self.verifier_name!r}",
                 where,
@@ -174,15 +178,18 @@ class RewardStage:
             ok = follows_format(completion)
             r = v + (self.format_weight if ok else 0.0)
             for f in self.functions:
-                x = _checked(
+                x = checked_reward(
                     lambda f=f, c=completion, it=item: f(it.prompt, c, it.answer, it.meta),
                     f"reward function {f.spec!r}",
                     where,
                 )
                 fn_vals[f.spec].append(x)
                 r += x
-            if not math.isfinite(r):
-                raise RewardError(f"total reward is {r} on {where}")
+            if not abs(r) <= MAX_ABS_REWARD:  # NaN fails too
+                raise RewardError(
+                    f"total reward is {r:g} on {where}: it must satisfy |reward| <= "
+                    f"{MAX_ABS_REWARD:g} (larger ones overflow the group statistics)"
+                )
             ver.append(v)
             fmt.append(ok)
             total.append(r)
@@ -309,24 +316,6 @@ def overlong_fraction(lengths: Tensor, max_tokens: int, buffer: int) -> Tensor:
     """DAPO's soft overlong ramp: 0 up to ``max_tokens - buffer`` tokens, then rising linearly
     to 1 at ``max_tokens`` (``min(1, max(0, L - (max_tokens - buffer)) / buffer)``)."""
     return ((lengths - (max_tokens - buffer)) / buffer).clamp(0.0, 1.0)
-
-
-def _checked(call, what: str, where: str) -> float:
-    try:
-        value = call()
-    except Exception as e:
-        raise RewardError(f"{what} raised {type(e).__name__}: {e} on {where}") from e
-    if isinstance(value, str | bytes):
-        raise RewardError(f"{what} returned a string, not a number, on {where}")
-    try:
-        x = float(value)
-    except Exception:
-        raise RewardError(
-            f"{what} returned {type(value).__name__}, not a number, on {where}"
-        ) from None
-    if not math.isfinite(x):
-        raise RewardError(f"{what} returned {x} on {where}: rewards must be finite")
-    return x
 
 
 def _row_name(index: int, sample_id: int, item: TaskItem) -> str:

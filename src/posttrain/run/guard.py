@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from posttrain.config import ConfigError
 from posttrain.run.signals import RunInterrupted, signals_raise
+from posttrain.textsafe import sanitize
 
 #: Exit status for a user error in the config or the overrides.
 EXIT_CONFIG_ERROR = 2
@@ -63,7 +64,7 @@ def one_line(message: str, limit: int = MAX_MESSAGE, keep: str = "") -> str:
     """``message`` on one line; past ``limit`` characters its middle is cut (the start names
     what failed, the end says what to do), and the cut length is said. A closing ``keep`` (the
     list of choices an error offers) is never cut: the limit applies to the text before it."""
-    flat, kept = " ".join(message.split()), " ".join(keep.split())
+    flat, kept = " ".join(sanitize(message).split()), " ".join(sanitize(keep).split())
     if kept and flat.endswith(kept):
         return one_line(flat[: len(flat) - len(kept)], limit) + kept
     if len(flat) <= limit:

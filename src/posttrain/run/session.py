@@ -140,7 +140,11 @@ class RunSession:
                 sink.write(0, first)
             progress = Progress(config, start, body.shown)
             began = time.perf_counter()
-            stop = GracefulStop(config.checkpoint.save_on_signal, state.path if state else None)
+            stop = GracefulStop(
+                config.checkpoint.save_on_signal,
+                state.path if state else None,
+                grace_s=config.checkpoint.signal_grace_s,
+            )
             stop.install()
             try:
                 for step in range(start + 1, rl.max_steps + 1):

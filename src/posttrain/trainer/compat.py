@@ -27,6 +27,8 @@ RESUME_MUTABLE_KEYS: tuple[str, ...] = (
     "rl.resume",
     "checkpoint.keep_last",
     "checkpoint.save_on_signal",
+    "checkpoint.signal_grace_s",
+    "placement.role_call_timeout_s",
     "logging.*",
     # Where the steps run, not what they compute: on the CPU none of these changes a number;
     # a device change can change float rounding, so resume warns about it (resume_notes).
