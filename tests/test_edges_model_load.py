@@ -40,8 +40,12 @@ def test_sample_steps_beyond_the_schedule_fail_too(capsys, pipeline):
     assert "dpo.min_timestep=1000 and dpo.sample_steps=1001 exceed the model's schedule" in err
 
 
-def test_timesteps_inside_the_schedule_pass(capsys, pipeline):
-    code, err = _show(capsys, pipeline, "dpo.min_timestep=999", "dpo.sample_steps=1000")
+def test_timesteps_inside_the_schedule_pass(capsys, pipeline, tmp_path):
+    pairs = tmp_path / "pairs.jsonl"  # config show also checks that the manifest exists
+    pairs.write_text("")
+    code, err = _show(
+        capsys, pipeline, "dpo.min_timestep=999", "dpo.sample_steps=1000", f"dpo.pairs_path={pairs}"
+    )
     assert code == 0, err
 
 
