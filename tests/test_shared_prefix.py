@@ -24,8 +24,15 @@ from posttrain.data.prefix import SharedPrefixUnsupported, prompt_groups, use_sh
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.lora import AdapterFreeReference, apply_lora
 from posttrain.model.tiny import build_tiny_model, tiny_config
+from posttrain.placement.dispatch import shard_batch
 from posttrain.trainer import LLMTrainer
-from posttrain.trainer.accumulate import accumulate_gradients, group_chunks, row_chunks
+from posttrain.trainer.accumulate import (
+    accumulate_gradients,
+    group_chunks,
+    group_order,
+    row_chunks,
+    split_evenly,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -269,3 +276,44 @@ def test_rollout_prefills_each_prompt_once_and_its_logprobs_match_the_shared_sco
             scored = lp.response_logprobs(model, batch)
         m = batch.response_mask
         assert (scored - batch.rollout_logprobs)[m].abs().max() <= 1e-5
+
+
+def test_shuffled_rows_are_regrouped_within_the_step():
+    model = _model()
+    rl = RLConfig(grpo_surrogate="legacy_pg")
+    objective = make_objective(rl, SimpleNamespace(max_response_length=6, reference_model=None))
+    batch = grouped_batch(model.config.vocab_size, groups=3, n=2, order=[0, 2, 4, 1, 3, 5])
+    t = LLMTrainer(model, objective, lr=1e-3, micro_batch_size=4, shared_prefix="auto")
+    assert t.micro_slices(batch) == [[0, 3, 1, 4], [2, 5]]
+    assert group_order([5, 7, 5, 9, 7]) == [0, 2, 1, 4, 3]
+
+
+def test_two_ranks_with_sharing_take_the_single_rank_gradient():
+    """Dispatch (groups kept together) + per-rank micro-batches + TOKEN_SUM normalisation, the
+    all-reduce simulated: the ranks' weighted gradients sum to the single-rank gradient."""
+    model = _model().double()
+    batch = grouped_batch(model.config.vocab_size, groups=5, n=3, seed=7, order=None)
+    batch = batch[torch.randperm(len(batch), generator=torch.Generator().manual_seed(0))]
+    objective = make_objective(
+        RLConfig(grpo_surrogate="legacy_pg"),
+        SimpleNamespace(max_response_length=6, reference_model=None),
+    )
+    trainer = LLMTrainer(model, objective, lr=1e-3, micro_batch_size=4, shared_prefix="on")
+
+    def grad(rows: TrajectoryBatch) -> tuple[list[torch.Tensor], float]:
+        model.zero_grad()
+        with trainer.forward_context():
+            acc = accumulate_gradients(
+                model, objective, [rows[s] for s in trainer.micro_slices(rows)]
+            )
+        return [p.grad.clone() for p in model.parameters()], acc.weight
+
+    first_mini = batch[split_evenly(len(batch), 2)[0]]
+    whole, _ = grad(first_mini)
+    parts = []
+    for shard in shard_batch(batch, 2, 2, keep_groups=True):
+        g, w = grad(shard[split_evenly(len(shard), 2)[0]])
+        parts.append((g, w))
+    weight = sum(w for _, w in parts)
+    reduced = [sum(g[i] * w for g, w in parts) / weight for i in range(len(whole))]
+    _close_rel(reduced, whole, 1e-6)  # HF norms run in float32

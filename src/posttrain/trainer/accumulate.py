@@ -73,6 +73,15 @@ def row_chunks(n: int, size: int) -> list[slice]:
     return [slice(s, min(s + size, n)) for s in range(0, n, size)]
 
 
+def group_order(group_ids: Sequence[int]) -> list[int]:
+    """Row indices with each group's rows together: groups in order of their first row, rows
+    in their own order (the identity for a batch whose groups are already contiguous)."""
+    rank: dict[int, int] = {}
+    for g in group_ids:
+        rank.setdefault(g, len(rank))
+    return sorted(range(len(group_ids)), key=lambda i: rank[group_ids[i]])
+
+
 def group_chunks(group_ids: Sequence[int], size: int) -> list[slice]:
     """Contiguous chunks of at most ``size`` rows that cut no run of equal group ids, where they
     can: runs are packed greedily in order, and a run longer than ``size`` gets chunks of its own.

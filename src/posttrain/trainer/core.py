@@ -219,7 +219,7 @@ class Trainer:
     def before_update(self, batch: Batch) -> None:
         """Called before any forward of an update; raise to refuse it."""
 
-    def micro_slices(self, batch: Batch) -> list[slice]:
+    def micro_slices(self, batch: Batch) -> list[slice] | list[list[int]]:
         """The rows of each micro-batch of an update (a layer on top may keep groups whole)."""
         return row_chunks(len(batch), self.micro_batch_size)
 

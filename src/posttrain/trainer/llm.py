@@ -35,7 +35,7 @@ from posttrain.data.prefix import (
 )
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.trainer import distributed as dp
-from posttrain.trainer.accumulate import group_chunks
+from posttrain.trainer.accumulate import group_chunks, group_order
 from posttrain.trainer.core import Trainer
 from posttrain.trainer.errors import NondeterministicForwardError, PiOldNotCapturedError
 
@@ -72,11 +72,13 @@ class LLMTrainer(Trainer):
         with super().forward_context(), use_shared_prefix(self.shared_prefix):
             yield
 
-    def micro_slices(self, batch: TrajectoryBatch) -> list[slice]:
+    def micro_slices(self, batch: TrajectoryBatch) -> list[slice] | list[list[int]]:
         """Whole groups per micro-batch while sharing can be on and the update stays exact.
 
-        TOKEN_SUM makes any cut exact; a MEAN objective, or a π_old certified in the update's
-        own micro-batches, keeps the plain row chunks.
+        A group's rows are brought together (a permutation within one optimizer step) and
+        groups packed into micro-batches (``group_chunks``). TOKEN_SUM makes any such cut
+        exact; a MEAN objective, or a π_old certified in the update's own micro-batches, keeps
+        the plain row chunks.
         """
         exact_anywhere = self.objective.reduction is Reduction.TOKEN_SUM
         if (
@@ -85,7 +87,12 @@ class LLMTrainer(Trainer):
             or self.certified_deterministic_forward
         ):
             return super().micro_slices(batch)
-        return group_chunks(batch.group_ids.tolist(), self.micro_batch_size)
+        ids = batch.group_ids.tolist()
+        order = group_order(ids)
+        chunks = group_chunks([ids[i] for i in order], self.micro_batch_size)
+        if order == sorted(order):
+            return chunks
+        return [order[c] for c in chunks]
 
     @property
     def old_logp_cache(self):
