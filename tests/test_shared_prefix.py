@@ -115,6 +115,16 @@ def test_logprobs_and_gradient_equal_the_unshared_forward(preset, chunk_elements
     _close_rel(g1, g0, 1e-5)
 
 
+@pytest.mark.parametrize("r", [1, 2])
+def test_one_and_two_token_responses(r):
+    model = _model()
+    batch = grouped_batch(model.config.vocab_size, groups=3, n=3, r=r, seed=8)
+    logp0, _, g0 = _scores(model, batch, "off")
+    logp1, _, g1 = _scores(model, batch, "on")
+    assert (logp1 - logp0)[batch.response_mask].abs().max() <= 1e-5
+    _close_rel(g1, g0, 1e-5)
+
+
 def test_shared_forward_runs_each_prompt_once():
     model = _model()
     batch = grouped_batch(model.config.vocab_size, groups=3, n=4)

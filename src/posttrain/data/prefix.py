@@ -138,7 +138,7 @@ def should_share(module: nn.Module, batch: TrajectoryBatch) -> PromptGroups | No
     when the model cannot share; ``on`` raises :class:`SharedPrefixUnsupported` then.
     """
     mode = shared_prefix_mode()
-    if mode == "off" or len(batch) < 2:
+    if mode == "off" or len(batch) < 2 or batch.prompt_width == 0:
         return None
     reason = unsupported_reason(module)
     if reason is not None:
