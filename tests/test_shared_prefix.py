@@ -272,7 +272,7 @@ def test_rollout_prefills_each_prompt_once_and_its_logprobs_match_the_shared_sco
     from posttrain.rollout.graph_engine import GraphRolloutEngine
 
     model = _model()
-    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [10, 11]]  # the last one repeats
     for engine in (TorchRolloutEngine, GraphRolloutEngine):
         widths = []
         hook = model.model.embed_tokens.register_forward_hook(
@@ -280,7 +280,8 @@ def test_rollout_prefills_each_prompt_once_and_its_logprobs_match_the_shared_sco
         )
         out = engine(model, stop_token_ids=[2]).generate(prompts, n=4, max_tokens=6, seed=0)
         hook.remove()
-        assert widths[0] == (3, 5)  # one prefill row per prompt, not per sample
+        assert widths[0] == (3, 5)  # one prefill row per distinct prompt, not per sample
+        assert out.batch.batch_size == 16 and out.batch.group_ids.tolist()[12:] == [3] * 4
         batch = out.batch
         with torch.no_grad(), use_shared_prefix("on"):
             scored = lp.response_logprobs(model, batch)
