@@ -21,7 +21,7 @@ class PhaseClock:
     """Sums the wall time of a module's forwards into named buckets while ``armed``.
 
     ``bucket_of()`` picks the bucket when a forward starts (e.g. by ``torch.is_grad_enabled``),
-    so one module's forwards can be told apart by why they run.
+    so one module's forwards can be told apart by why they run; None leaves it untimed.
     """
 
     def __init__(self) -> None:
@@ -31,8 +31,9 @@ class PhaseClock:
 
     def watch(self, module: nn.Module, bucket_of) -> None:
         def pre(mod, args, kwargs=None):
-            if self.armed:
-                self._open[id(mod)] = (bucket_of(), time.perf_counter())
+            bucket = bucket_of() if self.armed else None
+            if bucket is not None:
+                self._open[id(mod)] = (bucket, time.perf_counter())
 
         def post(mod, args, out):
             started = self._open.pop(id(mod), None)
@@ -42,6 +43,10 @@ class PhaseClock:
 
         module.register_forward_pre_hook(pre)
         module.register_forward_hook(post)
+
+    def inside(self, bucket: str) -> bool:
+        """A forward timed as ``bucket`` is running (a nested forward must not count twice)."""
+        return any(name == bucket for name, _ in self._open.values())
 
     def take(self) -> dict[str, float]:
         out, self.totals = self.totals, {}
@@ -58,6 +63,17 @@ class Workload:
     kl_beta: float
     lr: float
     micro_batch: int
+    #: Recipe the overrides apply to (its task, prompt template and LoRA settings stay).
+    recipe: str = "arithmetic_clipped"
+    #: LoRA rank on every linear layer (0: full fine-tuning); TRL gets the same ``peft_config``.
+    lora_rank: int = 0
+    #: ``data.user_template``: e.g. a few-shot preamble before ``{prompt}``.
+    user_template: str = "{prompt}"
+    threads: int = 1
+
+    @property
+    def lora_targets(self) -> list[str]:
+        return ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def posttrain_opts(w: Workload, model_dir: Path, out_root: Path, steps: int) -> list[str]:
@@ -82,14 +98,21 @@ def posttrain_opts(w: Workload, model_dir: Path, out_root: Path, steps: int) -> 
         "rl.eval_every=0",
         "rl.resume=off",
         "logging.progress=false",
-        "placement.torch_threads_per_process=1",
+        f"placement.torch_threads_per_process={w.threads}",
+        *(
+            [
+                f"model.lora_rank={w.lora_rank}",
+                f"model.lora_alpha={2.0 * w.lora_rank}",
+                f"model.lora_target_modules=[{','.join(w.lora_targets)}]",
+            ]
+            if w.lora_rank
+            else []
+        ),  # fmt: skip
     ]
 
 
 class PosttrainSide:
     """Builds the local roles once; :meth:`step` runs one timed GRPO step."""
-
-    RECIPE = "arithmetic_clipped"
 
     def __init__(
         self, w: Workload, model_dir: Path, out_root: Path, steps: int, extra: tuple[str, ...] = ()
@@ -101,7 +124,9 @@ class PosttrainSide:
         from posttrain.placement.local import place_local
 
         opts = [*posttrain_opts(w, model_dir, out_root, steps), *extra]
-        self.config = load_config(self.RECIPE, ["--", *opts])
+        self.config = load_config(w.recipe, ["--", *opts])
+        # Set on the object: a preamble's newlines and quotes do not survive an override string.
+        self.config.data.user_template = w.user_template
         run_dir = out_root / "posttrain"
         run_dir.mkdir(parents=True, exist_ok=True)
         self.tasks = online.build_tasks(self.config)
@@ -109,8 +134,14 @@ class PosttrainSide:
         self.tokenizer = load_tokenizer(str(model_dir))
         self.clock = PhaseClock()
         policy = self.roles.policy
+        # A LoRA reference is the policy module with its adapters off: time it once, as such.
         self.clock.watch(
-            policy.model, lambda: "policy_fwd" if torch.is_grad_enabled() else "pi_old_fwd"
+            policy.model,
+            lambda: (
+                None
+                if self.clock.inside("reference_fwd")
+                else ("policy_fwd" if torch.is_grad_enabled() else "pi_old_fwd")
+            ),
         )
         for reference in policy.trainer.auxiliary_models:  # the frozen reference, if any
             self.clock.watch(reference, lambda: "reference_fwd")

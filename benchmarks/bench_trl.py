@@ -112,12 +112,19 @@ def trl_trainer(
     )
     from posttrain.model.loading import load_tokenizer
 
+    peft_config = None
+    if w.lora_rank:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=w.lora_rank, lora_alpha=2.0 * w.lora_rank, lora_dropout=0.0,
+                                 target_modules=w.lora_targets, bias="none")  # fmt: skip
     trainer = TimedGRPOTrainer(
         model=str(model_dir),
         reward_funcs=[exact_reward],
         args=args,
         train_dataset=Dataset.from_list(rows),
         processing_class=load_tokenizer(str(model_dir)),
+        peft_config=peft_config,
     )
     trainer.clock = PhaseClock()
     trainer.clock.watch(

@@ -118,3 +118,30 @@ def test_ray_backend_without_ray_installed_is_a_config_error(monkeypatch):
     monkeypatch.delitem(sys.modules, "posttrain.placement.ray", raising=False)
     with pytest.raises(ConfigError, match=r"pip install 'posttrain\[ray\]'"):
         import posttrain.placement.ray  # noqa: F401
+
+
+@given(splits(), st.integers(1, 4), st.randoms(use_true_random=False))
+def test_keeping_groups_permutes_rows_within_each_mini_batch_only(case, n, rnd):
+    rows, ranks, minis = case
+    groups = [i // n for i in range(rows)]
+    rnd.shuffle(groups)
+    shards = rank_rows(rows, ranks, minis, groups)
+    per_rank_minis = [[shard[sl] for sl in split_evenly(len(shard), minis)] for shard in shards]
+    plain = [[shard[sl] for sl in split_evenly(len(shard), minis)]
+             for shard in rank_rows(rows, ranks, minis)]  # fmt: skip
+    for k, mini in enumerate(split_evenly(rows, minis)):
+        got = sorted(i for r in range(ranks) for i in per_rank_minis[r][k])
+        assert got == list(range(mini.start, mini.stop))
+        assert [len(per_rank_minis[r][k]) for r in range(ranks)] == [
+            len(plain[r][k]) for r in range(ranks)
+        ]
+
+
+def test_keeping_groups_worked_example():
+    # one mini-batch of 8 rows whose groups interleave: each rank gets whole groups
+    groups = [0, 1, 0, 1, 2, 3, 2, 3]
+    assert rank_rows(8, 2, 1) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert rank_rows(8, 2, 1, groups) == [[0, 2, 1, 3], [4, 6, 5, 7]]
+    batch = random_batch(b=8).replace(group_ids=torch.tensor(groups))
+    shards = shard_batch(batch, 2, 1, keep_groups=True)
+    assert [s.group_ids.tolist() for s in shards] == [[0, 0, 1, 1], [2, 2, 3, 3]]

@@ -311,6 +311,7 @@ def test_gradient_checkpointing_same_gradient():
             lr=1e-2,
             micro_batch_size=3,
             gradient_checkpointing=ckpt,
+            shared_prefix="off",  # one decoder pass per micro-batch, to count recomputes
         )
         checkpointed = getattr(model, "is_activation_checkpointing", None)
         if checkpointed is None:

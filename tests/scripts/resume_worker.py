@@ -5,7 +5,8 @@
 A tiny Llama (from a config) is trained with a π_old objective, AdamW, clipping and a cosine
 schedule on a synthetic stream: batch ``c`` is a pure function of the data cursor ``c``, then
 shuffled with the global torch RNG and its advantages scaled with numpy and python RNG draws,
-so an exact resume needs the cursor and all three RNG states. Losses go to LOG (one JSON line
+so an exact resume needs the cursor and all three RNG states. Rows come in pairs sharing a
+prompt and the shared-prefix forward is on. Losses go to LOG (one JSON line
 per step, fsynced). With HANG_IN_SAVE_AT, the save of that step stops after writing the model
 (the checkpoint is half-written), writes ROOT.hanging and sleeps until killed.
 """
@@ -36,6 +37,11 @@ from posttrain.trainer import CheckpointManager, LLMTrainer  # noqa: E402
 
 def batch_at(cursor: int):
     b = synthetic_batch(VOCAB, 6, seed=1000 + cursor, sample_id_offset=6 * cursor)
+    # Rows 2k and 2k+1 answer one prompt, so the shared-prefix forward (on) has groups to share.
+    p = b.prompt_width
+    ids, mask = b.input_ids.clone(), b.attention_mask.clone()
+    ids[1::2, :p], mask[1::2, :p] = ids[0::2, :p], mask[0::2, :p]
+    b = b.replace(input_ids=ids, attention_mask=mask)
     b = b[torch.randperm(len(b))]
     scale = (1 + 0.1 * np.random.rand()) * (1 + 0.1 * random.random())
     return b.replace(advantages=b.advantages * scale)
@@ -71,6 +77,7 @@ def main() -> None:
         lr_schedule="cosine",
         warmup_steps=2,
         total_steps=steps,
+        shared_prefix="on",
     )
     config = {"job": {"name": "resume-test"}, "rl": {"max_steps": steps, "lr": 3e-3}}
     manager = CheckpointManager(root, keep_last=2)

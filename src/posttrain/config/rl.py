@@ -173,6 +173,14 @@ class RLConfig(Section):
         ge=1,
         description="Responses per forward/backward chunk; changes memory, never the gradient.",
     )
+    shared_prefix: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Encode each distinct prompt of a micro-batch once and run its responses "
+        "against that prompt's keys and values, in the policy, reference, π_old and teacher "
+        "forwards (exact to rounding; the rollout always prefills each prompt once). `auto` "
+        "shares where the model supports it and logs once why not elsewhere, `on` fails there, "
+        "`off` encodes every row's prompt.",
+    )
     grad_clip: float = Field(
         1.0, ge=0, description="Clip the global gradient norm to this value; 0 disables it."
     )

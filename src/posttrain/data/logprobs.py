@@ -18,18 +18,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from posttrain.data.prefix import position_ids_from_mask, shared_outputs, should_share
 from posttrain.data.trajectory import TrajectoryBatch
 
 #: Logits per chunk (positions x vocabulary): 2**24 is 64 MiB per float32 temporary.
 CHUNK_ELEMENTS = 2**24
 
 EntropyMode = Literal["metric", "grad"]
-
-
-def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
-    """Positions that skip left padding, so a padded prompt scores like an unpadded one."""
-    pos = attention_mask.long().cumsum(-1) - 1
-    return pos.clamp(min=0)
 
 
 def _scaled(logits: Tensor, temperature: float) -> Tensor:
@@ -115,15 +110,28 @@ def _forward_kwargs(batch: TrajectoryBatch) -> dict:
     )
 
 
-def response_logits(model: nn.Module, batch: TrajectoryBatch) -> Tensor:
-    """``[B, R, V]`` logits that predict each response token (row ``t`` predicts token ``t``).
+def response_outputs(model: nn.Module, batch: TrajectoryBatch, field: str) -> Tensor:
+    """``[B, R, X]`` outputs that predict each response token (row ``t`` predicts token ``t``):
+    ``field="logits"`` of the causal LM, or ``"last_hidden_state"`` of its decoder.
 
-    Asks the model for the last ``R + 1`` logit rows only (``logits_to_keep``): the row before
-    the first response token through the last response token.
+    The one forward every scorer runs (policy, reference, π_old, teacher). Where
+    ``rl.shared_prefix`` allows it each distinct prompt is encoded once (``data.prefix``);
+    otherwise the full sequences run, asking for the last ``R + 1`` logit rows only
+    (``logits_to_keep``): the row before the first response token through the last one.
     """
+    groups = should_share(model, batch)
+    logits = field == "logits"
+    module = model if logits else model.get_decoder()
+    if groups is not None:
+        return shared_outputs(module, batch, groups, field)
     r = batch.response_width
-    out = model(**_forward_kwargs(batch), logits_to_keep=r + 1)
-    return out.logits[:, -(r + 1) : -1, :]
+    out = module(**_forward_kwargs(batch), **({"logits_to_keep": r + 1} if logits else {}))
+    return getattr(out, field)[:, -(r + 1) : -1, :]
+
+
+def response_logits(model: nn.Module, batch: TrajectoryBatch) -> Tensor:
+    """``[B, R, V]`` logits that predict each response token (:func:`response_outputs`)."""
+    return response_outputs(model, batch, "logits")
 
 
 def response_logprobs(
@@ -170,8 +178,7 @@ def _response_scores(
     rows = max(1, chunk_elements // per_row) if per_row else batch.batch_size
     if rows >= batch.batch_size:
         return _score(response_logits(model, batch), batch.response_ids, temperature, entropy)
-    hidden = model.get_decoder()(**_forward_kwargs(batch)).last_hidden_state
-    hidden = hidden[:, -(r + 1) : -1, :]
+    hidden = response_outputs(model, batch, "last_hidden_state")
     targets = batch.response_ids
     logps, ents = [], []
     for s in range(0, batch.batch_size, rows):

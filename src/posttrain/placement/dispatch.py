@@ -9,15 +9,25 @@ the ranks. Because ``split_evenly`` is used at both levels (sizes differ by at m
 first), a rank's shard, cut again into mini-batches by the trainer, yields exactly its share of
 every global mini-batch. The trainer's cross-rank normalisation then makes the update equal to
 the single-rank one (up to the order of floating-point sums).
+
+With ``group_ids`` (``keep_groups``: the shared-prefix forward is on and the objective is
+TOKEN_SUM), each mini-batch's rows are first brought together by group, so a rank's part cuts at
+most the groups at its two ends and each prompt is encoded by as few ranks as the split allows.
+That only permutes rows within one optimizer step, which TOKEN_SUM's global normalisation makes
+exact; for a rollout, whose groups are contiguous already, it is the identity.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from posttrain.data.trajectory import TrajectoryBatch
-from posttrain.trainer.accumulate import split_evenly
+from posttrain.trainer.accumulate import group_order, split_evenly
 
 
-def rank_rows(rows: int, ranks: int, mini_batches: int) -> list[list[int]]:
+def rank_rows(
+    rows: int, ranks: int, mini_batches: int, group_ids: Sequence[int] | None = None
+) -> list[list[int]]:
     """Row indices of every rank's shard (see the module docstring for why this order)."""
     if ranks < 1 or mini_batches < 1:
         raise ValueError(f"need ranks >= 1 and mini_batches >= 1, got {ranks}, {mini_batches}")
@@ -29,13 +39,19 @@ def rank_rows(rows: int, ranks: int, mini_batches: int) -> list[list[int]]:
         )
     shards: list[list[int]] = [[] for _ in range(ranks)]
     for mini in split_evenly(rows, mini_batches):
-        for rank, part in enumerate(split_evenly(mini.stop - mini.start, ranks)):
-            shards[rank].extend(range(mini.start + part.start, mini.start + part.stop))
+        idx = list(range(mini.start, mini.stop))
+        if group_ids is not None:
+            idx = [idx[i] for i in group_order([group_ids[j] for j in idx])]
+        for rank, part in enumerate(split_evenly(len(idx), ranks)):
+            shards[rank].extend(idx[part])
     return shards
 
 
-def shard_batch(batch: TrajectoryBatch, ranks: int, mini_batches: int) -> list[TrajectoryBatch]:
+def shard_batch(
+    batch: TrajectoryBatch, ranks: int, mini_batches: int, keep_groups: bool = False
+) -> list[TrajectoryBatch]:
     """Every rank's rows of ``batch``; one rank gets the batch itself."""
     if ranks == 1:
         return [batch]
-    return [batch[idx] for idx in rank_rows(len(batch), ranks, mini_batches)]
+    groups = batch.group_ids.tolist() if keep_groups else None
+    return [batch[idx] for idx in rank_rows(len(batch), ranks, mini_batches, groups)]

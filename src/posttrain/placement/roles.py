@@ -81,6 +81,7 @@ class PolicyRole:
             compile=cfg.model.compile,
             max_consecutive_nonfinite=rl.max_consecutive_nonfinite,
             certified_deterministic_forward=cfg.model.certified_deterministic_forward,
+            shared_prefix=rl.shared_prefix,
             auxiliary_models=auxiliary,
             device=device,
             sharding=cfg.placement.policy_sharding,

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.data.logprobs import response_logits
+from posttrain.data.prefix import use_shared_prefix
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.loading import load_policy, load_tokenizer
 from posttrain.placement.specs import RoleSpec
@@ -56,7 +57,8 @@ class TeacherRole:
         return {name: torch.cat(values) for name, values in parts.items()}
 
     def _score_chunk(self, batch: TrajectoryBatch) -> dict[str, Tensor]:
-        logits = response_logits(self.model, batch).float()
+        with use_shared_prefix(self.config.rl.shared_prefix):
+            logits = response_logits(self.model, batch).float()
         logp_all = torch.log_softmax(logits / self.temperature, dim=-1)
         m = batch.response_mask
         picked = logp_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)

@@ -1,7 +1,8 @@
 """A rollout engine for GPUs: static KV buffers, CUDA-graph decode steps, no per-token host sync.
 
-Prefill runs the HF forward once per distinct prompt (as the torch engine does); decoding then
-runs :class:`StaticDecoder` steps over fixed-shape buffers. Rows are never compacted: a finished
+Prefill runs the HF forward once per distinct prompt (as the torch engine does; the buffers then
+get a copy for each sample row); decoding then runs :class:`StaticDecoder` steps over fixed-shape
+buffers. Rows are never compacted: a finished
 row keeps its slot and its outputs are masked on the device, so the host reads nothing per token
 and only checks every ``check_every`` tokens whether all rows are done. On CUDA each
 (rows, context bucket) step is captured once as a CUDA graph and replayed; weights are updated
@@ -23,7 +24,7 @@ from posttrain.data.logprobs import position_ids_from_mask
 from posttrain.rollout.kv_cache import rollout_cache
 from posttrain.rollout.sampling import sample_tokens
 from posttrain.rollout.static_decode import StaticDecoder, unsupported_reason
-from posttrain.rollout.torch_engine import TorchRolloutEngine, _left_pad
+from posttrain.rollout.torch_engine import TorchRolloutEngine, _left_pad, distinct_prompts
 
 
 class GraphRolloutEngine(TorchRolloutEngine):
@@ -98,16 +99,18 @@ class GraphRolloutEngine(TorchRolloutEngine):
         dev = self.device
         k, p = len(prompts), max(len(x) for x in prompts)
         rows = k * n
-        ids, mask = (t.to(dev) for t in _left_pad(prompts, self.pad_token_id))
+        unique, rows_of = distinct_prompts(prompts, n)
+        rows_of = rows_of.to(dev)
+        ids, mask = (t.to(dev) for t in _left_pad(unique, self.pad_token_id))
         cache = rollout_cache(self.model.config, p)
         logits = self._forward(ids, mask, position_ids_from_mask(mask), cache)
         # Buffers (and their graphs) are kept per (rows, capacity); rounding the capacity up to a
         # bucket lets prompts of varying width reuse them instead of adding one set per width.
         capacity = -(-(p + max_tokens) // self.context_bucket) * self.context_bucket
         dec = self._decoder(rows, capacity)
-        dec.load_prefix(cache, mask, n)
-        logits = logits.repeat_interleave(n, 0)
-        pos = mask.sum(-1).repeat_interleave(n, 0)
+        dec.load_prefix(cache, mask, rows_of)
+        logits = logits[rows_of]
+        pos = mask.sum(-1)[rows_of]
         lp_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         out_tok = torch.full((rows, max_tokens), self.pad_token_id, dtype=torch.long, device=dev)
         out_lp = torch.zeros((rows, max_tokens), dtype=lp_dtype, device=dev)

@@ -63,15 +63,15 @@ class StaticDecoder:
         self.valid = torch.zeros((rows, capacity), dtype=torch.bool, device=device)
         self.capacity = capacity
 
-    def load_prefix(self, cache, mask: Tensor, repeats: int) -> None:
-        """Copy a prefilled HF cache (``[k, H, P, D]`` per layer) into slots ``0..P-1``, each
-        prompt's rows repeated ``repeats`` times; ``mask`` ``[k, P]`` marks real prompt tokens."""
+    def load_prefix(self, cache, mask: Tensor, rows_of: Tensor) -> None:
+        """Copy a prefilled HF cache (``[k, H, P, D]`` per layer) into slots ``0..P-1``: buffer
+        row ``j`` gets prompt ``rows_of[j]``'s; ``mask`` ``[k, P]`` marks real prompt tokens."""
         p = mask.shape[1]
         for i, layer in enumerate(cache.layers):
-            self.keys[i][:, :, :p] = layer.keys.repeat_interleave(repeats, 0)
-            self.values[i][:, :, :p] = layer.values.repeat_interleave(repeats, 0)
+            self.keys[i][:, :, :p] = layer.keys[rows_of]
+            self.values[i][:, :, :p] = layer.values[rows_of]
         self.valid.zero_()
-        self.valid[:, :p] = mask.bool().repeat_interleave(repeats, 0)
+        self.valid[:, :p] = mask.bool()[rows_of]
 
     @torch.no_grad()
     def step(self, tokens: Tensor, positions: Tensor, slot: Tensor, context: int) -> Tensor:

@@ -1,7 +1,7 @@
 """The built-in rollout engine: batched sampling on torch with the model's own KV cache.
 
-Each chunk of prompts is prefilled once (one row per distinct prompt), the cache is then
-repeated ``n`` times, and decoding runs one batched forward per generated token. Rows that hit a
+Each chunk of prompts is prefilled once (one row per distinct prompt: a prompt listed twice is
+prefilled once too), the cache is then copied to every sample row, and decoding runs one batched forward per generated token. Rows that hit a
 stop token are dropped from the cache once they make up an eighth of it, so long-tailed lengths do
 not keep paying for finished rows. Left padding is exact: every forward gets the attention mask and
 explicit position ids that skip the padding, as ``data.logprobs.response_logprobs`` does.
@@ -28,6 +28,15 @@ def _as_id_list(value) -> list[int]:
     if isinstance(value, int):
         return [value]
     return [int(v) for v in value]
+
+
+def distinct_prompts(prompts: list[list[int]], n: int) -> tuple[list[list[int]], Tensor]:
+    """The distinct prompts, in order of first appearance, and the one each of the
+    ``len(prompts) * n`` sample rows reads (so a repeated prompt is prefilled once)."""
+    index: dict[tuple[int, ...], int] = {}
+    which = [index.setdefault(tuple(p), len(index)) for p in prompts]
+    unique = [list(p) for p in index]
+    return unique, torch.as_tensor(which, dtype=torch.long).repeat_interleave(n)
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -192,13 +201,15 @@ class TorchRolloutEngine:
     def _generate_chunk(self, prompts, n, temperature, top_p, max_tokens, generator):
         dev = self.device
         k, p = len(prompts), max(len(x) for x in prompts)
-        ids, mask = (t.to(dev) for t in _left_pad(prompts, self.pad_token_id))
+        unique, rows_of = distinct_prompts(prompts, n)
+        ids, mask = (t.to(dev) for t in _left_pad(unique, self.pad_token_id))
         cache = rollout_cache(self.model.config, p + max_tokens)
         logits = self._forward(ids, mask, position_ids_from_mask(mask), cache)
         next_pos = mask.sum(-1)
-        if n > 1:
-            cache.batch_repeat_interleave(n)
-            logits, mask, next_pos = (t.repeat_interleave(n, 0) for t in (logits, mask, next_pos))
+        if len(rows_of) > len(unique):  # every sample row gets its prompt's cache
+            rows_of = rows_of.to(dev)
+            cache.batch_select_indices(rows_of)
+            logits, mask, next_pos = (t[rows_of] for t in (logits, mask, next_pos))
         rows = k * n
         lp_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         out_tok = torch.full((rows, max_tokens), self.pad_token_id, dtype=torch.long, device=dev)

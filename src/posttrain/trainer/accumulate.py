@@ -73,6 +73,47 @@ def row_chunks(n: int, size: int) -> list[slice]:
     return [slice(s, min(s + size, n)) for s in range(0, n, size)]
 
 
+def group_order(group_ids: Sequence[int]) -> list[int]:
+    """Row indices with each group's rows together: groups in order of their first row, rows
+    in their own order (the identity for a batch whose groups are already contiguous)."""
+    rank: dict[int, int] = {}
+    for g in group_ids:
+        rank.setdefault(g, len(rank))
+    return sorted(range(len(group_ids)), key=lambda i: rank[group_ids[i]])
+
+
+def group_chunks(group_ids: Sequence[int], size: int) -> list[slice]:
+    """Contiguous chunks of at most ``size`` rows that cut no run of equal group ids, where they
+    can: runs are packed greedily in order, and a run longer than ``size`` gets chunks of its own.
+
+    A shared-prefix forward encodes each prompt once per chunk, so a group kept whole is encoded
+    once. The row order is unchanged; only a TOKEN_SUM objective is exact under any such cut.
+    """
+    if size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {size}")
+    runs, start = [], 0
+    for i in range(1, len(group_ids) + 1):
+        if i == len(group_ids) or group_ids[i] != group_ids[start]:
+            runs.append((start, i))
+            start = i
+    out: list[slice] = []
+    lo = hi = 0
+    for a, b in runs:
+        if b - a > size:
+            if hi > lo:
+                out.append(slice(lo, hi))
+            out += [slice(s, min(s + size, b)) for s in range(a, b, size)]
+            lo = hi = b
+        elif b - lo > size:
+            out.append(slice(lo, hi))
+            lo, hi = a, b
+        else:
+            hi = b
+    if hi > lo:
+        out.append(slice(lo, hi))
+    return out
+
+
 def _scalar(name: str, value: Any) -> float:
     if isinstance(value, Tensor):
         if value.numel() != 1:

@@ -229,6 +229,10 @@ class Trainer:
     def before_update(self, batch: Batch) -> None:
         """Called before any forward of an update; raise to refuse it."""
 
+    def micro_slices(self, batch: Batch) -> list[slice] | list[list[int]]:
+        """The rows of each micro-batch of an update (a layer on top may keep groups whole)."""
+        return row_chunks(len(batch), self.micro_batch_size)
+
     def batch_metrics(self, batch: Batch) -> dict[str, float]:
         """Metrics of an update's batch beyond the trainer's own (global over ranks)."""
         return {}
@@ -247,7 +251,7 @@ class Trainer:
         self.before_update(batch)
         batch = batch.to(self.device)
         self.optimizer.zero_grad(set_to_none=True)
-        chunks = [batch[s] for s in row_chunks(len(batch), self.micro_batch_size)]
+        chunks = [batch[s] for s in self.micro_slices(batch)]
         if self.objective.reduction is Reduction.MEAN and len({len(c) for c in chunks}) > 1:
             self._warn_unequal_mean_chunks([len(c) for c in chunks])
         try:

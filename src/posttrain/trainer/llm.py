@@ -11,19 +11,31 @@ layer decides *when*: once per collected batch, before its first update.
   match bit for bit, which is what makes the first update's ratio exactly 1 there too.
 
 Every update is refused before any forward unless the cache was armed for exactly its rows.
+
+``shared_prefix`` (``rl.shared_prefix``) is in force in every forward this trainer runs (update,
+reference, π_old capture): each distinct prompt of a micro-batch is encoded once
+(``data/prefix.py``), and micro-batches hold whole groups where they can (``accumulate.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-from posttrain.algorithm.primitives.objective import MetricReduce
+from posttrain.algorithm.primitives.objective import MetricReduce, Reduction
 from posttrain.algorithm.primitives.old_logp import PiOldError
+from posttrain.data.prefix import (
+    MODES,
+    SharedPrefixUnsupported,
+    unsupported_reason,
+    use_shared_prefix,
+)
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.trainer import distributed as dp
+from posttrain.trainer.accumulate import group_chunks, group_order
 from posttrain.trainer.core import Trainer
 from posttrain.trainer.errors import NondeterministicForwardError, PiOldNotCapturedError
 from posttrain.trainer.sharding import ghost_rows, lockstep_ghosts
@@ -34,12 +46,54 @@ class LLMTrainer(Trainer):
 
     ``certified_deterministic_forward`` claims that scoring the same rows twice is bit-identical;
     a frozen π_old is then captured in exactly the micro-batches of the first update, and every
-    mini-batch must be a multiple of ``micro_batch_size``.
+    mini-batch must be a multiple of ``micro_batch_size``. ``shared_prefix``: ``auto``, ``on``
+    (refused here if the model cannot share) or ``off``; see the module docstring.
     """
 
-    def __init__(self, *args: Any, certified_deterministic_forward: bool = False, **kw: Any):
+    def __init__(
+        self,
+        *args: Any,
+        certified_deterministic_forward: bool = False,
+        shared_prefix: str = "auto",
+        **kw: Any,
+    ):
+        if shared_prefix not in MODES:
+            raise ValueError(f"shared_prefix must be one of {MODES}, got {shared_prefix!r}")
+        self.shared_prefix = shared_prefix
         super().__init__(*args, **kw)
         self.certified_deterministic_forward = certified_deterministic_forward
+        reason = unsupported_reason(self.forward_model) if shared_prefix == "on" else None
+        if reason is not None:
+            raise SharedPrefixUnsupported(
+                f"rl.shared_prefix=on but {reason}; set rl.shared_prefix=auto or off"
+            )
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        with super().forward_context(), use_shared_prefix(self.shared_prefix):
+            yield
+
+    def micro_slices(self, batch: TrajectoryBatch) -> list[slice] | list[list[int]]:
+        """Whole groups per micro-batch while sharing can be on and the update stays exact.
+
+        A group's rows are brought together (a permutation within one optimizer step) and
+        groups packed into micro-batches (``group_chunks``). TOKEN_SUM makes any such cut
+        exact; a MEAN objective, or a π_old certified in the update's own micro-batches, keeps
+        the plain row chunks.
+        """
+        exact_anywhere = self.objective.reduction is Reduction.TOKEN_SUM
+        if (
+            self.shared_prefix == "off"
+            or not exact_anywhere
+            or self.certified_deterministic_forward
+        ):
+            return super().micro_slices(batch)
+        ids = batch.group_ids.tolist()
+        order = group_order(ids)
+        chunks = group_chunks([ids[i] for i in order], self.micro_batch_size)
+        if order == sorted(order):
+            return chunks
+        return [order[c] for c in chunks]
 
     @property
     def old_logp_cache(self):
