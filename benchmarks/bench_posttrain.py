@@ -119,9 +119,9 @@ class PosttrainSide:
     ) -> None:
         from posttrain.config import load_config
         from posttrain.config.build import build_objective
-        from posttrain.entrypoints import online
         from posttrain.model.loading import load_tokenizer
         from posttrain.placement.local import place_local
+        from posttrain.run import online
 
         opts = [*posttrain_opts(w, model_dir, out_root, steps), *extra]
         self.config = load_config(w.recipe, ["--", *opts])
@@ -156,7 +156,7 @@ class PosttrainSide:
         return items
 
     def step(self, step: int, items: list) -> dict[str, float]:
-        from posttrain.entrypoints.online import collect
+        from posttrain.run.online import collect
 
         roles = self.roles
         t0 = time.perf_counter()

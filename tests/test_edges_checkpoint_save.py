@@ -126,3 +126,16 @@ def test_other_failures_keep_their_type(tmp_path, monkeypatch):
     with pytest.raises(TypeError, match="a bug"):
         manager.save(2, trainer, config=CONFIG)
     assert not isinstance(TypeError(), CheckpointError)
+
+
+def test_a_runtime_error_that_is_not_a_write_failure_keeps_its_type(tmp_path, monkeypatch):
+    """Only a library error that says it failed writing is blamed on the disk."""
+    trainer, manager, _ = _manager(tmp_path / "ckpt")
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("size mismatch for a tensor: a bug, not the disk")
+
+    monkeypatch.setattr(checkpoint, "save_model_dir", bug)
+    with pytest.raises(RuntimeError, match="size mismatch") as info:
+        manager.save(2, trainer, config=CONFIG)
+    assert not isinstance(info.value, CheckpointError)

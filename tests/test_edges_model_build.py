@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from posttrain.entrypoints.online import ensure_model
 from posttrain.model import tiny
 from posttrain.model.errors import ModelLoadError
 from posttrain.model.loading import load_policy
+from posttrain.run.online import ensure_model
 
 
 def _config(path: Path, preset: str = "arith", seed: int = 0) -> SimpleNamespace:
@@ -30,7 +30,7 @@ _KILLED_BUILD = """
 import os, signal, sys
 from types import SimpleNamespace
 import transformers.modeling_utils as mu
-from posttrain.entrypoints.online import ensure_model
+from posttrain.run.online import ensure_model
 
 def die(*a, **k):
     os.kill(os.getpid(), signal.SIGKILL)

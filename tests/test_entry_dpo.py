@@ -273,3 +273,13 @@ def test_an_online_knob_on_the_command_line_is_refused_even_at_its_default(capsy
         "posttrain: error: preflight: rollout.n=8 is never read by job.algorithm=dpo (Diffusion "
         "DPO trains offline on dpo.pairs_path); remove it"
     )
+
+
+def test_config_show_refuses_the_same_online_knob(capsys, tmp_path):
+    """config show and posttrain dpo agree: an online knob at its default is still refused."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("")
+    opts = ["--", f"dpo.pairs_path={pairs}", "rollout.n=8"]
+    assert cli_main(["config", "show", "--config", "dpo_shapes", *opts]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posttrain: error: preflight: rollout.n=8 is never read by job.algorithm")

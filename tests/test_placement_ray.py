@@ -274,10 +274,10 @@ def test_role_errors_are_translated():
 
     from posttrain.config import ConfigError
     from posttrain.placement.errors import RoleFailedError
-    from posttrain.placement.ray import _Actors
+    from posttrain.placement.ray_actors import ActorGroup
     from posttrain.reward.stage import RewardError
 
-    actors = _Actors(checkpoints="/runs/x/checkpoints")
+    actors = ActorGroup(checkpoints="/runs/x/checkpoints")
 
     def remote(cause):
         return RayTaskError("call", "Traceback: ...", cause, proctitle="t", pid=1, ip="127.0.0.1")
@@ -309,13 +309,13 @@ def test_a_stopped_actor_neither_hangs_the_driver_nor_deafens_it_to_signals(clus
     placement.role_call_timeout_s fails in one line naming the role; while a call hangs, a first
     SIGTERM's grace runs out and a second SIGTERM stops at once (not a mangled SystemError)."""
     from posttrain.placement.errors import RoleFailedError
-    from posttrain.placement.ray import _Actors
+    from posttrain.placement.ray_actors import ActorGroup
     from posttrain.placement.ray_host import worker_pythonpath
     from posttrain.run.signals import GracefulStop, RunInterrupted
 
     env = {"PYTHONPATH": worker_pythonpath()}
     handle = ray.remote(Sleeper).options(num_cpus=0.1, runtime_env={"env_vars": env}).remote()
-    actors = _Actors({"reward": handle}, "/runs/x/checkpoints", call_timeout_s=1.0)
+    actors = ActorGroup({"reward": handle}, "/runs/x/checkpoints", call_timeout_s=1.0)
     pid = actors.gather([("reward", handle.pid.remote())], 120)[0]
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -347,7 +347,7 @@ def test_a_role_failure_is_one_short_line_naming_role_exception_and_frame():
     not Ray's frames, ids or addresses, no escape codes."""
     from ray.exceptions import ActorDiedError, RayTaskError
 
-    from posttrain.placement.ray import _Actors
+    from posttrain.placement.ray_actors import ActorGroup
 
     tb = (
         "Traceback (most recent call last):\n"
@@ -359,9 +359,9 @@ def test_a_role_failure_is_one_short_line_naming_role_exception_and_frame():
         "ValueError: w\n" + "ray internals\n" * 40
     )
     error = RayTaskError("call", tb, ValueError("\x1b[31mw"), proctitle="t", pid=1, ip="10.0.0.1")
-    failed = str(_Actors()._failure({}, "policy rank 0", error, []))
+    failed = str(ActorGroup()._failure({}, "policy rank 0", error, []))
     assert failed == (
         "the policy rank 0 role failed: ValueError: w (at /home/u/my_objective.py:12 in build)"
     )
-    died = str(_Actors()._failure({}, "reward", ActorDiedError(error), []))
+    died = str(ActorGroup()._failure({}, "reward", ActorDiedError(error), []))
     assert len(died) < 400 and "\n" not in died

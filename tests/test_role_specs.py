@@ -20,13 +20,14 @@ import torch
 from posttrain.config import load_config
 from posttrain.config.build import build_objective
 from posttrain.data.trajectory import TrajectoryBatch
-from posttrain.entrypoints import grpo, online
+from posttrain.entrypoints import grpo
 from posttrain.model.tiny import build_tiny_model
 from posttrain.placement.local import place_local
 from posttrain.placement.specs import PlacedRole, RoleSpec, annotate, check_specs
 from posttrain.placement.teacher import TEACHER
 from posttrain.rollout import Rollout
 from posttrain.rollout.concat import concat_rollouts
+from posttrain.run import online
 from posttrain.run.records import default_out_dir
 from posttrain.run.session import RunSession
 from posttrain.testing import synthetic_batch

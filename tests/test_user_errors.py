@@ -14,10 +14,10 @@ from posttrain.config import ConfigError, load_config
 from posttrain.config.sections import DataConfig
 from posttrain.control.input_checks import check_inputs
 from posttrain.entrypoints.cli import main
-from posttrain.entrypoints.online import build_tasks
 from posttrain.model.tiny import build_tiny_model
 from posttrain.run import lock as run_lock
 from posttrain.run.guard import one_line
+from posttrain.run.online import build_tasks
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +173,12 @@ def test_failing_environment_is_one_line(capsys):
     assert err == [
         "posttrain: error: EnvironmentFailedError: environment 'mine:make' failed on item 3, turn 2: bad"
     ]
+
+
+def test_a_kept_list_of_choices_keeps_the_space_before_it():
+    from posttrain.run.guard import one_line
+
+    choices = "choices: a, b, c"
+    assert one_line("no such thing; " + choices, keep=choices) == "no such thing; " + choices
+    cut = one_line("x" * 900 + " " + choices, limit=60, keep=choices)
+    assert cut.endswith(" " + choices) and "characters cut" in cut

@@ -32,6 +32,7 @@ def config_show(args: argparse.Namespace, overrides: list[str]) -> int:
     """Print the resolved config as YAML (stdout) and preflight warnings (stderr), after the
     same config and data checks a run makes before it loads a model."""
     from posttrain.config import load_config, to_yaml
+    from posttrain.config.schema import objective_family
     from posttrain.control import run_preflight
     from posttrain.control.data_checks import check_data
 
@@ -39,6 +40,10 @@ def config_show(args: argparse.Namespace, overrides: list[str]) -> int:
         overrides = [*overrides, f"rl.objective_builder={args.objective}"]
     config = load_config(args.config, ["--", *overrides])
     warnings = run_preflight(config)
+    if objective_family(config) == "dpo":  # what `posttrain dpo` refuses on its command line
+        from posttrain.entrypoints.dpo import refuse_online_overrides
+
+        refuse_online_overrides(overrides, config)
     check_data(config)
     sys.stdout.write(to_yaml(config))
     for message in warnings:

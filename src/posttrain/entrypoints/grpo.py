@@ -5,7 +5,7 @@
 
 The objective is whatever the builder returns: the built-in (the surrogate ``rl.grpo_surrogate``
 selects) unless ``rl.objective_builder`` (``--objective``) names another one
-(``config.build.objective_builder``). This file holds no loss math and no loop (``online.py``).
+(``config.build.objective_builder``). This file holds no loss math and no loop (``run/online.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from posttrain.config import PosttrainConfig
 from posttrain.config.build import objective_builder
 from posttrain.control.opd import check_entry
-from posttrain.entrypoints import online
+from posttrain.run import online
 from posttrain.run.records import default_out_dir, quiet_libraries
 from posttrain.run.session import EntrySpec, RunSession
 

@@ -7,7 +7,7 @@ objective.
 One step: rollout -> teacher scoring (``placement/teacher.py``) -> reward stage (metrics, held-out
 evaluation, optional shared-prefix masking) -> policy update with the OPD objective
 (``algorithm/opd.py``, or the builder ``--objective`` names) -> weight sync. This file holds no
-loss math and no loop (``online.py``); it pins ``job.algorithm=opd`` and declares the teacher.
+loss math and no loop (``run/online.py``); it pins ``job.algorithm=opd`` and declares the teacher.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 from posttrain.config import PosttrainConfig
 from posttrain.config.build import objective_builder
 from posttrain.control.opd import check_entry
-from posttrain.entrypoints import online
 from posttrain.placement.specs import RoleSpec
 from posttrain.placement.teacher import TEACHER, check_teacher_tokenizer
+from posttrain.run import online
 from posttrain.run.records import default_out_dir, quiet_libraries
 from posttrain.run.session import EntrySpec, RunSession
 

@@ -96,14 +96,13 @@ def place_diffusion(
 def _place_ray(config, config_path, opts, build_trainer_fn, run_dir) -> RayDiffusion:
     from posttrain.placement.ray import (
         START_TIMEOUT_S,
-        RemoteRole,
-        _Actors,
         _check_serialisable,
         _check_worker_configs,
         connect,
         host_actor,
         release,
     )
+    from posttrain.placement.ray_actors import ActorGroup, RemoteRole
     from posttrain.placement.ray_host import PolicyHost
 
     _check_serialisable(build_trainer_fn)
@@ -111,7 +110,7 @@ def _place_ray(config, config_path, opts, build_trainer_fn, run_dir) -> RayDiffu
     owns_ray = connect(pc, actors=1, model_actors=1)
     run_dir = str(Path(run_dir).resolve())
     device = "cuda" if pc.gpus_per_role > 0 else None
-    actors = _Actors(checkpoints=str(Path(run_dir) / "checkpoints"),
+    actors = ActorGroup(checkpoints=str(Path(run_dir) / "checkpoints"),
                      call_timeout_s=pc.role_call_timeout_s)  # fmt: skip
     name = "policy rank 0"
     try:

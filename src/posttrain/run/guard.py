@@ -66,7 +66,8 @@ def one_line(message: str, limit: int = MAX_MESSAGE, keep: str = "") -> str:
     list of choices an error offers) is never cut: the limit applies to the text before it."""
     flat, kept = " ".join(sanitize(message).split()), " ".join(sanitize(keep).split())
     if kept and flat.endswith(kept):
-        return one_line(flat[: len(flat) - len(kept)], limit) + kept
+        head = flat[: len(flat) - len(kept)]
+        return one_line(head, limit) + (" " if head.endswith(" ") else "") + kept
     if len(flat) <= limit:
         return flat
     head, tail = limit * 2 // 3, limit // 3

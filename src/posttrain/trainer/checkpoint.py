@@ -341,6 +341,12 @@ class CheckpointManager:
 _FULL_DISK_BYTES = 4 << 20
 #: Errors the serialising libraries (torch's zip writer, safetensors) raise for a failed write.
 _LIBRARY_WRITE_ERRORS = ("RuntimeError", "SafetensorError")
+#: Text by which such an error says it failed writing (any other RuntimeError is a bug and keeps
+#: its type and traceback).
+_WRITE_FAILURE_TEXT = (
+    "inline_container", "PytorchStreamWriter", "unexpected pos", "basic_ios", "file write",
+    "IoError", "I/O error", "os error", "does not exist", "No space left",
+)  # fmt: skip
 
 
 def _write_failure(
@@ -372,6 +378,8 @@ def _write_failure(
         )
     if isinstance(error, OSError):
         what = f"{error.strerror or error} ({error.filename or tmp})"
+    elif not any(marker in str(error) for marker in _WRITE_FAILURE_TEXT):
+        return None
     else:
         first = (str(error).strip().splitlines() or [""])[0][:120]
         what = f"{type(error).__name__}: {first}"
