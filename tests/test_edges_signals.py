@@ -118,3 +118,28 @@ def test_sigterm_ends_a_local_run_whose_reward_function_hangs(tmp_path):
         "stopped by SIGTERM (the step did not finish within checkpoint.signal_grace_s=2 s" in last
     )
     assert "last complete checkpoint:" in last and "RewardError" not in err
+
+
+def test_a_hung_reward_function_fails_a_local_run_at_the_role_call_deadline(tmp_path):
+    """No signal needed: a reward call past placement.role_call_timeout_s ends the local run in
+    one line naming the role, exit 1."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": f"{here.parent / 'src'}{os.pathsep}{here}"}
+    (tmp_path / "hang").touch()
+    opts = [f"job.output_root={tmp_path}", "rl.max_steps=3", "data.prompts_per_step=2",
+            "rollout.n=2", "rollout.max_tokens=3", "rl.micro_batch_size=4", "rl.eval_every=0",
+            "logging.progress=false", "placement.role_call_timeout_s=2",
+            "reward.functions=[test_edges_signals:hang_when_told]"]  # fmt: skip
+    cmd = [sys.executable, "-m", "posttrain.entrypoints.grpo", "--config", "arithmetic", "--"]
+    began = time.monotonic()
+    done = subprocess.run([*cmd, *opts], cwd=tmp_path, env=env, text=True, timeout=120,
+                          capture_output=True)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("posttrain: error:"), done.stderr
+    assert "the reward role did not return within placement.role_call_timeout_s=2 s" in last
+    assert "Traceback" not in done.stderr and time.monotonic() - began < 90

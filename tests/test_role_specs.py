@@ -22,6 +22,7 @@ from posttrain.config.build import build_objective
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.entrypoints import grpo
 from posttrain.model.tiny import build_tiny_model
+from posttrain.placement.deadline import unwrap
 from posttrain.placement.local import place_local
 from posttrain.placement.specs import PlacedRole, RoleSpec, annotate, check_specs
 from posttrain.placement.teacher import TEACHER
@@ -220,7 +221,7 @@ def test_local_placement_builds_declared_roles_in_order_on_their_devices(tmp_pat
     env = RoleSpec("env", Counter, holds_model=False)
     placed = place_local(config, build_objective, str(tmp_path), [LENGTH, env]).declared
     assert [p.spec.name for p in placed] == ["length", "env"]
-    assert isinstance(placed[0].role, LengthScorer) and placed[1].role.device is None
+    assert isinstance(unwrap(placed[0].role), LengthScorer) and placed[1].role.device is None
 
 
 def test_the_length_role_reaches_the_policy_and_changes_no_number(tmp_path, tiny_dir):

@@ -65,9 +65,10 @@ class PlacementConfig(Section):
     role_call_timeout_s: float = Field(
         1800.0,
         gt=0,
-        description="Seconds one call on a Ray actor (a rollout, a reward batch, a policy update, "
-        "a save) may take before the run stops with one line naming the role: a hung or stopped "
-        "actor otherwise blocks the driver forever. Read only for `backend=ray`.",
+        description="Seconds one role call (a rollout, a reward batch, a policy update, a save) "
+        "may take before the run stops with one line naming the role: a hung reward function or "
+        "a hung or stopped Ray actor otherwise blocks the driver forever. Under `backend=local` "
+        "a watchdog interrupts the driver's main thread (SIGUSR2).",
     )
     device: str = Field(
         "auto",

@@ -207,15 +207,13 @@ def deterministic_minis_fill_micro_batches(cfg: PosttrainConfig) -> str | None:
     "placement.gpus_per_role",
     "placement.policy_ranks",
     "placement.policy_sharding",
-    "placement.role_call_timeout_s",
 )
 def ray_knobs_need_ray(cfg: PosttrainConfig) -> str | None:
     """Ray address, per-actor resources, several policy ranks and sharded ones need
     placement.backend=ray (in-process placement runs one unsharded policy rank)."""
     if cfg.placement.backend == "ray":
         return None
-    names = ("ray_address", "cpus_per_role", "gpus_per_role", "policy_ranks", "policy_sharding",
-             "role_call_timeout_s")  # fmt: skip
+    names = ("ray_address", "cpus_per_role", "gpus_per_role", "policy_ranks", "policy_sharding")
     knobs = changed(cfg.placement, *names)
     if not knobs:
         return None

@@ -12,3 +12,8 @@ class RoleFailedError(RuntimeError):
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(message.split()))
+
+
+class RoleCallTimeout(RoleFailedError):
+    """An in-process role call ran past ``placement.role_call_timeout_s``; raised into the call
+    by the watchdog (``placement/deadline.py``), so the code it interrupts lets it pass."""

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.config.build import needs_reference
+from posttrain.placement.deadline import Deadlines
 from posttrain.placement.device import resolve_device, rollout_dtype
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
@@ -30,6 +32,7 @@ class LocalRoles:
     rollout: RolloutRole
     reward: RewardRole
     declared: tuple[PlacedRole, ...] = ()
+    deadlines: Deadlines | None = field(default=None, repr=False)
 
     def sync_weights(self) -> int:
         """After an update: an engine sharing the policy module copies nothing; an own
@@ -37,7 +40,8 @@ class LocalRoles:
         return self.rollout.sync(self.policy.model)
 
     def close(self) -> None:
-        pass
+        if self.deadlines is not None:
+            self.deadlines.close()
 
 
 def place_local(
@@ -69,5 +73,13 @@ def place_local(
         ", shares the policy module" if shared is not None else ", own copy",
         cfg.placement.torch_threads_per_process,
     )  # fmt: skip
-    declared = tuple(PlacedRole(s, s.build(cfg, device=s.device(str(device)))) for s in specs)
-    return LocalRoles(policy, rollout, RewardRole(cfg), declared)
+    # Every role call runs under placement.role_call_timeout_s (a hung reward function fails
+    # the run in one line, as a hung actor does under Ray).
+    limit = Deadlines(cfg.placement.role_call_timeout_s, str(Path(run_dir) / "checkpoints"))
+    declared = tuple(
+        PlacedRole(s, limit.wrap(s.build(cfg, device=s.device(str(device))), s.name)) for s in specs
+    )
+    return LocalRoles(
+        limit.wrap(policy, "policy"), limit.wrap(rollout, "rollout"),
+        limit.wrap(RewardRole(cfg), "reward"), declared, limit,
+    )  # fmt: skip

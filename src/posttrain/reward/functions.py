@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from posttrain.config.errors import ConfigError
 from posttrain.config.user_code import import_user_module, split_spec
+from posttrain.placement.errors import RoleCallTimeout
 from posttrain.run.signals import RunInterrupted
 from posttrain.textsafe import exception_text
 
@@ -100,13 +101,14 @@ def checked_reward(call: Callable[[], object], what: str, where: str) -> float:
 
     Any exception counts, ``BaseException`` subclasses included (``GeneratorExit``,
     ``SystemExit``): they come from the function, not from the run. Two pass through: a signal
-    posttrain's own handlers turned into :class:`RunInterrupted`, and ``KeyboardInterrupt`` while
+    posttrain's own handlers turned into :class:`RunInterrupted` (or the in-process role-call
+    deadline, :class:`RoleCallTimeout`), and ``KeyboardInterrupt`` while
     Python's default SIGINT handler is in place (then it may be a real Ctrl-C). Under posttrain's
     handlers a Ctrl-C never arrives as ``KeyboardInterrupt``, so one then is the function's own.
     """
     try:
         value = call()
-    except RunInterrupted:
+    except (RunInterrupted, RoleCallTimeout):
         raise
     except KeyboardInterrupt as e:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
