@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_checkpoint import CONFIG, make_trainer, train_step
 
 from posttrain.run.guard import run_guarded
-from posttrain.trainer import CheckpointError, CheckpointManager, checkpoint
+from posttrain.trainer import CheckpointError, CheckpointManager, checkpoint, save_errors
 from posttrain.trainer.manifest import verify
 
 
@@ -80,7 +80,7 @@ def test_library_write_errors_become_one_line(tmp_path, capsys, monkeypatch, err
         raise cls(text)
 
     monkeypatch.setattr(checkpoint, "save_model_dir", fail)
-    monkeypatch.setattr(checkpoint, "_FULL_DISK_BYTES", 0)  # plenty of space: not a full disk
+    monkeypatch.setattr(save_errors, "_FULL_DISK_BYTES", 0)  # plenty of space: not a full disk
     err = _one_line(capsys, lambda: manager.save(2, trainer, config=CONFIG))
     assert f"could not write checkpoint step 2 to {tmp_path / 'ckpt' / 'step_00000002'}" in err
     assert f"({kind}: {text}); check that disk and rerun" in err
