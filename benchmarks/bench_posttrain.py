@@ -119,9 +119,9 @@ class PosttrainSide:
     ) -> None:
         from posttrain.config import load_config
         from posttrain.config.build import build_objective
+        from posttrain.control.data_checks import load_tasks
         from posttrain.model.loading import load_tokenizer
         from posttrain.placement.local import place_local
-        from posttrain.run import online
 
         opts = [*posttrain_opts(w, model_dir, out_root, steps), *extra]
         self.config = load_config(w.recipe, ["--", *opts])
@@ -129,7 +129,7 @@ class PosttrainSide:
         self.config.data.user_template = w.user_template
         run_dir = out_root / "posttrain"
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.tasks = online.build_tasks(self.config)
+        self.tasks = load_tasks(self.config)
         self.roles = place_local(self.config, build_objective, str(run_dir))
         self.tokenizer = load_tokenizer(str(model_dir))
         self.clock = PhaseClock()

@@ -12,12 +12,12 @@ import pytest
 
 from posttrain.config import ConfigError, load_config
 from posttrain.config.sections import DataConfig
+from posttrain.control.data_checks import load_tasks
 from posttrain.control.input_checks import check_inputs
 from posttrain.entrypoints.cli import main
 from posttrain.model.tiny import build_tiny_model
 from posttrain.run import lock as run_lock
 from posttrain.run.guard import one_line
-from posttrain.run.online import build_tasks
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +155,7 @@ def test_long_prompts_are_cut_when_the_config_says_so(tmp_path, models, mode, ke
         json.dumps({"question": "1" * 200 + "+2=", "answer": "#### 3"}).encode(),
     )
     config = load_config("arithmetic_clipped", ["--", *argv[4:], f"data.prompt_truncation={mode}"])
-    tasks = check_inputs(config, build_tasks(config))
+    tasks = check_inputs(config, load_tasks(config))
     assert tasks.item_at(0, 0).prompt == kept  # 61 tokens: <bos> and 60 characters
     assert "1 prompts were longer than the 61 tokens" in caplog.text
 

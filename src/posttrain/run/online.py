@@ -53,7 +53,7 @@ def run(
     is touched (the OPD entry checks its teacher's tokenizer there)."""
     check_builder(build_objective_fn)
     config = session.config
-    tasks = build_tasks(config)  # data errors surface before any model loads
+    tasks = load_tasks(config)  # data errors surface before any model loads
     check_model_source(config)
     if prepare is not None:  # it reads the starting model's files: before the run directory
         ensure_model(config)
@@ -78,16 +78,11 @@ def run(
     return summary
 
 
-def build_tasks(config: PosttrainConfig) -> TaskSource:
-    """The checked task source (``control.data_checks``: files, rows, enough distinct prompts)."""
-    return load_tasks(config)
-
-
 def ensure_model(config: PosttrainConfig) -> None:
-    """Build the from-scratch tiny model the recipe asks for, once, before any role loads it."""
-    check_model_source(config)
-    path = Path(config.model.name_or_path)
+    """Build the from-scratch tiny model the recipe asks for, once, before any role loads it
+    (``run`` has checked the model source with :func:`check_model_source`)."""
     if config.model.init_preset:
+        path = Path(config.model.name_or_path)
         ensure_tiny_model(config.model.init_preset, path, seed=config.job.seed)
 
 
