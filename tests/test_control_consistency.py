@@ -67,6 +67,8 @@ CASES: list[Case] = [
      "give mini-batches of [7, 8] rows; set rl.micro_batch_size=1",
      [*CERTIFIED, "data.prompts_per_step=4", "rollout.n=4", "placement.backend=ray",
       "placement.policy_ranks=2", "rl.micro_batch_size=4"]),
+    ("token_micro_batches_need_uncertified", [*CERTIFIED, "rl.micro_batch_tokens=512"],
+     "rl.micro_batch_tokens=512 regroups rows by length", ["rl.micro_batch_tokens=512"]),
     ("ray_knobs_need_ray", ["placement.gpus_per_role=1"], "placement.gpus_per_role=1.0 is never",
      ["placement.gpus_per_role=1", "placement.backend=ray"]),
     ("ray_knobs_need_ray", ["placement.policy_ranks=2"], "placement.policy_ranks=2 is never",

@@ -20,6 +20,7 @@ from posttrain.config import load_config
 from posttrain.config.rl import RLConfig
 from posttrain.data import logprobs as lp
 from posttrain.data import prefix
+from posttrain.data.padding import trim_padding
 from posttrain.data.prefix import SharedPrefixUnsupported, prompt_groups, use_shared_prefix
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.lora import AdapterFreeReference, apply_lora
@@ -132,7 +133,8 @@ def test_shared_forward_runs_each_prompt_once():
     model.model.embed_tokens.register_forward_hook(lambda m, i, o: widths.append(i[0].shape))
     with use_shared_prefix("on"):
         lp.response_logprobs(model, batch)
-    p, r = batch.prompt_width, batch.response_width
+    trimmed = trim_padding(batch)  # columns that are padding in every row never run
+    p, r = trimmed.prompt_width, trimmed.response_width
     assert widths == [torch.Size([3, p]), torch.Size([12, r - 1])]
 
 

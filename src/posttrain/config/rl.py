@@ -173,6 +173,15 @@ class RLConfig(Section):
         ge=1,
         description="Responses per forward/backward chunk; changes memory, never the gradient.",
     )
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Token budget of an update's forward/backward chunk, replacing "
+        "`rl.micro_batch_size` there: rows are sorted by length and packed while rows x (longest "
+        "prompt + longest response) stays within it (whole groups where `rl.shared_prefix` "
+        "shares; a row over the budget runs alone). Bounds activation memory and keeps padding "
+        "small (`train/padding_fraction`); exact for TOKEN_SUM objectives. Unset: row chunks.",
+    )
     shared_prefix: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Encode each distinct prompt of a micro-batch once and run its responses "

@@ -200,6 +200,19 @@ def deterministic_minis_fill_micro_batches(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@error("rl.micro_batch_tokens", "model.certified_deterministic_forward")
+def token_micro_batches_need_uncertified(cfg: PosttrainConfig) -> str | None:
+    """A certified π_old is scored in the update's own row chunks; token micro-batches regroup
+    the rows, so the two cannot hold together."""
+    if cfg.rl.micro_batch_tokens is None or not cfg.model.certified_deterministic_forward:
+        return None
+    return (
+        f"rl.micro_batch_tokens={cfg.rl.micro_batch_tokens} regroups rows by length, but "
+        "model.certified_deterministic_forward=true scores π_old in the update's row chunks; "
+        "unset rl.micro_batch_tokens or set model.certified_deterministic_forward=false"
+    )
+
+
 @error(
     "placement.backend",
     "placement.ray_address",
@@ -293,6 +306,7 @@ RULES = (
     eval_needs_validation_data,
     batch_covers_updates,
     deterministic_minis_fill_micro_batches,
+    token_micro_batches_need_uncertified,
     ray_knobs_need_ray,
     device_needs_local,
     adam_betas_need_adamw,

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from posttrain.data.padding import pad_responses, trim_padding
 from posttrain.data.prefix import position_ids_from_mask, shared_outputs, should_share
 from posttrain.data.trajectory import TrajectoryBatch
 
@@ -166,6 +167,20 @@ def response_logprobs_and_entropy(
 
 
 def _response_scores(
+    model: nn.Module,
+    batch: TrajectoryBatch,
+    temperature: float,
+    entropy: EntropyMode | None,
+    chunk_elements: int,
+) -> tuple[Tensor, Tensor | None]:
+    # Columns that are padding in every row are dropped (exact; data/padding.py), and the
+    # scores padded back to the batch's response width.
+    width = batch.response_width
+    logp, ent = _trimmed_scores(model, trim_padding(batch), temperature, entropy, chunk_elements)
+    return pad_responses(logp, width), None if ent is None else pad_responses(ent, width)
+
+
+def _trimmed_scores(
     model: nn.Module,
     batch: TrajectoryBatch,
     temperature: float,

@@ -82,6 +82,7 @@ class PolicyRole:
             max_consecutive_nonfinite=rl.max_consecutive_nonfinite,
             certified_deterministic_forward=cfg.model.certified_deterministic_forward,
             shared_prefix=rl.shared_prefix,
+            micro_batch_tokens=rl.micro_batch_tokens,
             auxiliary_models=auxiliary,
             device=device,
             sharding=cfg.placement.policy_sharding,

@@ -114,6 +114,57 @@ def group_chunks(group_ids: Sequence[int], size: int) -> list[slice]:
     return out
 
 
+def token_chunks(
+    prompt: Sequence[int],
+    response: Sequence[int],
+    budget: int,
+    group_ids: Sequence[int] | None = None,
+) -> list[list[int]]:
+    """Row indices of micro-batches of at most ``budget`` forwarded tokens, longest rows first.
+
+    A micro-batch's tokens are its rows x (longest prompt + longest response), the columns its
+    trimmed forward runs on (``data/padding.py``). Rows are sorted by length, so neighbours pad
+    little, and packed greedily. With ``group_ids`` the units are whole groups (a shared-prefix
+    forward encodes each prompt once per micro-batch); a group over the budget is split into row
+    micro-batches of its own. A single row over the budget runs alone. Only a TOKEN_SUM
+    objective is exact under this regrouping.
+    """
+    if budget < 1:
+        raise ValueError(f"micro_batch_tokens must be >= 1, got {budget}")
+    n = len(prompt)
+    if len(response) != n or (group_ids is not None and len(group_ids) != n):
+        raise ValueError("prompt, response and group_ids need one entry per row")
+    length = [prompt[i] + response[i] for i in range(n)]
+    by_length = sorted(range(n), key=lambda i: (-length[i], i))
+    if group_ids is None:
+        units = [[i] for i in by_length]
+    else:
+        groups: dict[int, list[int]] = {}
+        for i in by_length:
+            groups.setdefault(group_ids[i], []).append(i)
+        units = list(groups.values())  # longest first: a group's order is its longest row's
+
+    def cost(rows: list[int]) -> int:
+        return len(rows) * (max(prompt[i] for i in rows) + max(1, max(response[i] for i in rows)))
+
+    out: list[list[int]] = []
+    current: list[int] = []
+    for unit in units:
+        if len(unit) > 1 and cost(unit) > budget:
+            out += [current] if current else []
+            split = token_chunks([prompt[i] for i in unit], [response[i] for i in unit], budget)
+            out += [[unit[j] for j in c] for c in split]
+            current = []
+        elif current and cost(current + unit) > budget:
+            out.append(current)
+            current = list(unit)
+        else:
+            current += unit
+    if current:
+        out.append(current)
+    return out
+
+
 def _scalar(name: str, value: Any) -> float:
     if isinstance(value, Tensor):
         if value.numel() != 1:

@@ -27,6 +27,7 @@ import torch
 
 from posttrain.algorithm.primitives.objective import MetricReduce, Reduction
 from posttrain.algorithm.primitives.old_logp import PiOldError
+from posttrain.data.padding import padding_counts, row_lengths
 from posttrain.data.prefix import (
     MODES,
     SharedPrefixUnsupported,
@@ -35,7 +36,7 @@ from posttrain.data.prefix import (
 )
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.trainer import distributed as dp
-from posttrain.trainer.accumulate import group_chunks, group_order
+from posttrain.trainer.accumulate import group_chunks, group_order, token_chunks
 from posttrain.trainer.core import Trainer
 from posttrain.trainer.errors import NondeterministicForwardError, PiOldNotCapturedError
 from posttrain.trainer.sharding import ghost_rows, lockstep_ghosts
@@ -48,6 +49,8 @@ class LLMTrainer(Trainer):
     a frozen π_old is then captured in exactly the micro-batches of the first update, and every
     mini-batch must be a multiple of ``micro_batch_size``. ``shared_prefix``: ``auto``, ``on``
     (refused here if the model cannot share) or ``off``; see the module docstring.
+    ``micro_batch_tokens`` (``rl.micro_batch_tokens``): micro-batches packed by forwarded tokens
+    instead of ``micro_batch_size`` rows (``accumulate.token_chunks``); TOKEN_SUM objectives only.
     """
 
     def __init__(
@@ -55,12 +58,23 @@ class LLMTrainer(Trainer):
         *args: Any,
         certified_deterministic_forward: bool = False,
         shared_prefix: str = "auto",
+        micro_batch_tokens: int | None = None,
         **kw: Any,
     ):
         if shared_prefix not in MODES:
             raise ValueError(f"shared_prefix must be one of {MODES}, got {shared_prefix!r}")
         self.shared_prefix = shared_prefix
         super().__init__(*args, **kw)
+        if micro_batch_tokens is not None and (
+            micro_batch_tokens < 1
+            or self.objective.reduction is not Reduction.TOKEN_SUM
+            or certified_deterministic_forward
+        ):
+            raise ValueError(
+                f"micro_batch_tokens={micro_batch_tokens} needs a value >= 1, a TOKEN_SUM "
+                "objective and no certified_deterministic_forward (π_old is scored in row chunks)"
+            )
+        self.micro_batch_tokens = micro_batch_tokens
         self.certified_deterministic_forward = certified_deterministic_forward
         reason = unsupported_reason(self.forward_model) if shared_prefix == "on" else None
         if reason is not None:
@@ -81,6 +95,10 @@ class LLMTrainer(Trainer):
         exact; a MEAN objective, or a π_old certified in the update's own micro-batches, keeps
         the plain row chunks.
         """
+        if self.micro_batch_tokens is not None:
+            prompt, response = row_lengths(batch)
+            groups = None if self.shared_prefix == "off" else batch.group_ids.tolist()
+            return token_chunks(prompt, response, self.micro_batch_tokens, groups)
         exact_anywhere = self.objective.reduction is Reduction.TOKEN_SUM
         if (
             self.shared_prefix == "off"
@@ -163,9 +181,19 @@ class LLMTrainer(Trainer):
             raise PiOldNotCapturedError(str(e)) from None
 
     def batch_metrics(self, batch: TrajectoryBatch) -> dict[str, float]:
-        (tokens,) = dp.all_reduce_floats([int(batch.attention_mask.sum())])
-        return {"train/tokens": int(tokens)}
+        real, forwarded = padding_counts(batch, self.micro_slices(batch))
+        tokens, real, forwarded = dp.all_reduce_floats(
+            [int(batch.attention_mask.sum()), real, forwarded]
+        )
+        # The share of the columns the update's (trimmed) micro-batch forwards ran on that
+        # were padding: what rl.micro_batch_tokens exists to keep small.
+        padding = 1.0 - real / forwarded if forwarded else 0.0
+        return {"train/tokens": int(tokens), "train/padding_fraction": padding}
 
     @property
     def metric_reductions(self) -> dict[str, MetricReduce]:
-        return {**super().metric_reductions, "train/tokens": "sum"}
+        return {
+            **super().metric_reductions,
+            "train/tokens": "sum",
+            "train/padding_fraction": "mean",
+        }
