@@ -46,6 +46,10 @@ def config_show(args: argparse.Namespace, overrides: list[str]) -> int:
         refuse_online_overrides(overrides, config)
     check_data(config)
     sys.stdout.write(to_yaml(config))
+    if objective_family(config) != "dpo":  # comment lines: the output still loads as YAML
+        from posttrain.control.memory import report
+
+        print("\n".join(report(config)))
     for message in warnings:
         print(f"warning: {message}", file=sys.stderr)
     return 0
