@@ -4,7 +4,7 @@ logits, the rollout's KV cache and what the allocator keeps.
 Runs ``posttrain grpo`` in this process (a few steps of a recipe) with three probes:
 
 - an RSS sampler thread (``/proc/self/statm`` every few ms), attributing the peak to the phase
-  running then (startup, rollout, update, sync);
+  running then (model load, rollout, update, the rest);
 - tensor sizes: parameters, trainable parameters, their gradients and the optimizer state, read
   from the trainer after its first update;
 - saved-tensor hooks around each micro-batch's objective call: the bytes autograd keeps for the
@@ -49,7 +49,7 @@ class RssSampler:
     """Peak RSS per phase, sampled every ``interval`` seconds on a daemon thread."""
 
     def __init__(self, interval: float = 0.002) -> None:
-        self.phase = "startup"
+        self.phase = "other"
         self.peaks: dict[str, int] = {}
         self._stop = threading.Event()
         self._interval = interval
@@ -96,8 +96,9 @@ def _tensor_bytes(tensors) -> int:
 class Probes:
     """Patches the trainer and the online loop to record phases, tensor sizes and activations."""
 
-    def __init__(self, sampler: RssSampler) -> None:
+    def __init__(self, sampler: RssSampler, default_heap: bool = False) -> None:
         self.sampler = sampler
+        self.default_heap = default_heap
         self.tensors: dict[str, int] = {}
         self.saved_peak = 0
         self.logits_peak = 0
@@ -110,12 +111,18 @@ class Probes:
 
         from posttrain.algorithm.primitives.objective import Objective
         from posttrain.data.padding import trim_padding
+        from posttrain.placement.roles import PolicyRole
         from posttrain.run import online
         from posttrain.trainer.llm import LLMTrainer
 
         probes = self
-        originals = (online.collect, LLMTrainer.train_on_batch, Objective.__call__)
-        collect, train_on_batch, call = originals
+        originals = (online.collect, LLMTrainer.train_on_batch, Objective.__call__,
+                     PolicyRole.__init__)  # fmt: skip
+        collect, train_on_batch, call, policy_init = originals
+
+        def timed_load(role, *a, **kw):
+            with probes.sampler.in_phase("load"):
+                policy_init(role, *a, **kw)
 
         def timed_collect(config, roles, *a, **kw):
             with probes.sampler.in_phase("rollout"):
@@ -152,13 +159,22 @@ class Probes:
             probes.saved_peak = max(probes.saved_peak, sum(saved.values()))
             return out
 
+        if self.default_heap:  # measure with glibc's own mmap threshold (placement/heap.py)
+            from posttrain.placement import local
+
+            originals_heap = local.return_freed_memory
+            local.return_freed_memory = lambda: False
         online.collect = timed_collect
+        PolicyRole.__init__ = timed_load
         LLMTrainer.train_on_batch = timed_train
         Objective.__call__ = measured_call
         try:
             yield self
         finally:
-            online.collect, LLMTrainer.train_on_batch, Objective.__call__ = originals
+            (online.collect, LLMTrainer.train_on_batch, Objective.__call__,
+             PolicyRole.__init__) = originals  # fmt: skip
+            if self.default_heap:
+                local.return_freed_memory = originals_heap
 
 
 def trainer_tensor_bytes(trainer) -> dict[str, int]:
@@ -193,7 +209,9 @@ def logits_bytes(model, batch) -> int:
     return rows * per_row * 4
 
 
-def profile(config: str, overrides: list[str], threads: int) -> dict[str, Any]:
+def profile(
+    config: str, overrides: list[str], threads: int, default_heap: bool = False
+) -> dict[str, Any]:
     """Run the recipe with the probes; the measured parts and peaks, in bytes."""
     import torch
 
@@ -209,7 +227,7 @@ def profile(config: str, overrides: list[str], threads: int) -> dict[str, Any]:
                 "rl.eval_every=0", "rl.save_every=0", *overrides]  # fmt: skip
         with RssSampler() as sampler:
             runtime = rss_bytes()
-            probes = Probes(sampler)
+            probes = Probes(sampler, default_heap)
             with probes.installed():
                 t0 = time.perf_counter()
                 code = main(argv)
@@ -221,6 +239,7 @@ def profile(config: str, overrides: list[str], threads: int) -> dict[str, Any]:
     return {
         "config": config,
         "overrides": overrides,
+        "default_heap": default_heap,
         "runtime": runtime,
         "phase_peaks": sampler.peaks,
         "peak": peak,
@@ -250,8 +269,8 @@ def table(r: dict[str, Any]) -> str:
         ("activations kept for backward (largest micro-batch)", r["activations"]),
         ("logits of one micro-batch (float32, inside the activations when kept)", r["logits"]),
         ("rollout KV cache (rows x (prompt + response), all layers)", r["kv_cache"]),
-        ("peak RSS: startup / rollout / update",
-         None, " / ".join(f(peaks.get(p, 0)) for p in ("startup", "rollout", "update"))),
+        ("peak RSS: model load / rollout / update / the rest",
+         None, " / ".join(f(peaks.get(p, 0)) for p in ("load", "rollout", "update", "other"))),
         ("update peak minus the parts above (temporaries, allocator)", update - parts),
         ("**peak RSS**", r["peak"]),
     ]  # fmt: skip
@@ -274,8 +293,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="smollm2_reasoning_gym")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here")
+    ap.add_argument(
+        "--default-heap",
+        action="store_true",
+        help="keep glibc's adaptive mmap threshold (what placement/heap.py fixes)",
+    )
     args = ap.parse_args(own)
-    result = profile(args.config, overrides, args.threads)
+    result = profile(args.config, overrides, args.threads, args.default_heap)
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
