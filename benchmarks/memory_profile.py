@@ -96,9 +96,8 @@ def _tensor_bytes(tensors) -> int:
 class Probes:
     """Patches the trainer and the online loop to record phases, tensor sizes and activations."""
 
-    def __init__(self, sampler: RssSampler, default_heap: bool = False) -> None:
+    def __init__(self, sampler: RssSampler) -> None:
         self.sampler = sampler
-        self.default_heap = default_heap
         self.tensors: dict[str, int] = {}
         self.saved_peak = 0
         self.logits_peak = 0
@@ -159,11 +158,6 @@ class Probes:
             probes.saved_peak = max(probes.saved_peak, sum(saved.values()))
             return out
 
-        if self.default_heap:  # measure with glibc's own mmap threshold (placement/heap.py)
-            from posttrain.placement import local
-
-            originals_heap = local.return_freed_memory
-            local.return_freed_memory = lambda: False
         online.collect = timed_collect
         PolicyRole.__init__ = timed_load
         LLMTrainer.train_on_batch = timed_train
@@ -173,8 +167,6 @@ class Probes:
         finally:
             (online.collect, LLMTrainer.train_on_batch, Objective.__call__,
              PolicyRole.__init__) = originals  # fmt: skip
-            if self.default_heap:
-                local.return_freed_memory = originals_heap
 
 
 def trainer_tensor_bytes(trainer) -> dict[str, int]:
@@ -209,9 +201,7 @@ def logits_bytes(model, batch) -> int:
     return rows * per_row * 4
 
 
-def profile(
-    config: str, overrides: list[str], threads: int, default_heap: bool = False
-) -> dict[str, Any]:
+def profile(config: str, overrides: list[str], threads: int) -> dict[str, Any]:
     """Run the recipe with the probes; the measured parts and peaks, in bytes."""
     import torch
 
@@ -227,7 +217,7 @@ def profile(
                 "rl.eval_every=0", "rl.save_every=0", *overrides]  # fmt: skip
         with RssSampler() as sampler:
             runtime = rss_bytes()
-            probes = Probes(sampler, default_heap)
+            probes = Probes(sampler)
             with probes.installed():
                 t0 = time.perf_counter()
                 code = main(argv)
@@ -239,7 +229,7 @@ def profile(
     return {
         "config": config,
         "overrides": overrides,
-        "default_heap": default_heap,
+        "mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
         "runtime": runtime,
         "phase_peaks": sampler.peaks,
         "peak": peak,
@@ -293,13 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="smollm2_reasoning_gym")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here")
-    ap.add_argument(
-        "--default-heap",
-        action="store_true",
-        help="keep glibc's adaptive mmap threshold (what placement/heap.py fixes)",
-    )
     args = ap.parse_args(own)
-    result = profile(args.config, overrides, args.threads, args.default_heap)
+    result = profile(args.config, overrides, args.threads)
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -65,7 +65,7 @@ def test_config_show_prints_the_estimate_as_yaml_comments(capsys):
     lines = [x for x in out.splitlines() if x.startswith("# ")]
     assert lines[0].startswith("# memory estimate (cpu, prompts up to ")
     for part in ("policy:", "gradients:", "optimizer state:", "activations", "logits",
-                 "KV cache", "peak (one process):"):  # fmt: skip
+                 "KV cache", "peak (one process"):  # fmt: skip
         assert any(part in x for x in lines), part
 
 

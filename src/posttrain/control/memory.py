@@ -105,11 +105,16 @@ def model_shape(cfg: PosttrainConfig) -> ModelShape | None:
     return None
 
 
+#: When a part is resident: ``held`` for the whole run, else only during that phase.
+PHASES = ("held", "load", "rollout", "update")
+
+
 @dataclass(frozen=True)
 class Part:
     role: str
     name: str
     bytes: float
+    phase: str = "held"
 
 
 def estimate(
@@ -118,8 +123,8 @@ def estimate(
     """The parts of peak memory, by role, for ``cfg`` on ``device`` (``cpu`` or ``cuda``).
 
     ``prompt_tokens``: the longest prompt of a step. Local placement holds every role in one
-    process; the peak is the runtime plus the policy's training parts plus the rollout's, which
-    never overlap in time but both leave the allocator holding what they used.
+    process: what is held all run, plus the largest phase (loading, rollout, update), since
+    freed memory leaves the process between phases (``placement/heap.py``).
     """
     m, rl, ro = cfg.model, cfg.rl, cfg.rollout
     params = shape.parameters()
@@ -130,6 +135,7 @@ def estimate(
         Part("policy", "weights (float32 master)", 4 * (params + lora)),
         Part("policy", "gradients", 4 * trainable),
         Part("policy", "optimizer state", 8 * trainable if rl.optimizer == "adamw" else 0),
+        Part("policy", "weight file mapped while loading", 4 * params, "load"),
     ]
     parts += _activations(cfg, shape, prompt_tokens)
     if rl.kl_beta > 0 and not m.lora_rank:
@@ -143,8 +149,8 @@ def estimate(
     rows = cfg.data.prompts_per_step * ro.n
     context = prompt_tokens + ro.max_tokens
     kv = 2 * shape.layers * rows * context * shape.key * _DTYPE_BYTES[rollout_dtype]
-    parts.append(Part("rollout", f"KV cache ({rows} rows x {context} tokens)", kv))
-    parts.append(Part("rollout", "sampling logits", 3 * rows * shape.vocab * 4))
+    parts.append(Part("rollout", f"KV cache ({rows} rows x {context} tokens)", kv, "rollout"))
+    parts.append(Part("rollout", "sampling logits", 3 * rows * shape.vocab * 4, "rollout"))
     return parts
 
 
@@ -176,15 +182,20 @@ def _activations(cfg: PosttrainConfig, s: ModelShape, prompt_tokens: int) -> lis
     elements = logit_rows * response * s.vocab
     logits = 2 * 4 * elements + 3 * 4 * min(elements, SOFTMAX_CHUNK_ELEMENTS)
     return [
-        Part("policy", f"{what} ({rows} rows, {tokens} tokens)", kept),
+        Part("policy", f"{what} ({rows} rows, {tokens} tokens)", kept, "update"),
         Part(
-            "policy", f"logits ({logit_rows} rows x {response} x {s.vocab}, with gradient)", logits
-        ),
+            "policy",
+            f"logits ({logit_rows} rows x {response} x {s.vocab}, with gradient)",
+            logits,
+            "update",
+        ),  # fmt: skip
     ]
 
 
 def peak(parts: list[Part]) -> float:
-    return sum(p.bytes for p in parts)
+    """What is held all run plus the largest phase."""
+    phase = {ph: sum(p.bytes for p in parts if p.phase == ph) for ph in PHASES}
+    return phase.pop("held") + max(phase.values())
 
 
 def prompt_tokens(cfg: PosttrainConfig) -> int:
@@ -233,7 +244,14 @@ def report(cfg: PosttrainConfig) -> list[str]:
     lines = [f"# memory estimate ({device}, prompts up to {p} tokens, MB):"]
     for role in dict.fromkeys(x.role for x in parts):
         mine = [x for x in parts if x.role == role]
-        lines.append(f"#   {role}: {sum(x.bytes for x in mine) / MB:,.0f}")
-        lines += [f"#     {x.name}: {x.bytes / MB:,.0f}" for x in mine]
-    lines.append(f"#   peak (one process): {peak(parts) / MB:,.0f}")
+        phases = [sum(x.bytes for x in mine if x.phase == ph) for ph in PHASES]
+        lines.append(f"#   {role}: {phases[0] / MB:,.0f} held, up to {max(phases[1:]) / MB:,.0f} "
+                     "more in one phase")  # fmt: skip
+        lines += [
+            f"#     {x.name}: {x.bytes / MB:,.0f}" + ("" if x.phase == "held" else f" ({x.phase})")
+            for x in mine
+        ]
+    lines.append(
+        f"#   peak (one process: held all run + the largest phase): {peak(parts) / MB:,.0f}"
+    )
     return lines

@@ -20,7 +20,6 @@ from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.config.build import needs_reference
 from posttrain.placement.deadline import Deadlines
 from posttrain.placement.device import resolve_device, rollout_dtype
-from posttrain.placement.heap import return_freed_memory
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
 
@@ -60,7 +59,6 @@ def place_local(
             "runs one policy rank)"
         )
     torch.set_num_threads(cfg.placement.torch_threads_per_process)
-    return_freed_memory()  # before the model loads (placement/heap.py)
     device = resolve_device(cfg.placement.device)
     policy = PolicyRole(cfg, build_objective_fn, run_dir, device=str(device))
     dtype = rollout_dtype(cfg.rollout.dtype, device)

@@ -35,6 +35,7 @@ from posttrain.data.prefix import (
     use_shared_prefix,
 )
 from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.placement import heap
 from posttrain.trainer import distributed as dp
 from posttrain.trainer.accumulate import group_chunks, group_order, token_chunks
 from posttrain.trainer.core import Trainer
@@ -118,6 +119,7 @@ class LLMTrainer(Trainer):
         return self.objective.old_logp_cache
 
     def begin_collected(self, collected: TrajectoryBatch, minis: Sequence[TrajectoryBatch]):
+        heap.trim()  # what the rollout freed leaves before the update allocates
         if self.certified_deterministic_forward:
             sizes = [len(m) for m in minis]
             if any(n % self.micro_batch_size for n in sizes):
@@ -169,6 +171,7 @@ class LLMTrainer(Trainer):
             )
 
     def end_collected(self) -> None:
+        heap.trim()
         if self.old_logp_cache is not None:
             self.old_logp_cache.clear()
 
