@@ -12,6 +12,7 @@ are loaded. The parts are those ``benchmarks/memory_profile.py`` measures:
   checkpointing each layer keeps its input and one layer is recomputed at a time;
 - logits: one chunk of float32 logits and its gradient (the head runs per chunk above
   ``LOGIT_CHUNK_ELEMENTS``);
+- temporaries and heap: a measured multiple of the activations (``UPDATE_SLACK``);
 - rollout KV cache: keys and values of every layer for rows x (prompt + max_tokens);
 - runtime: the process before the model (Python, torch, transformers), measured here.
 
@@ -38,6 +39,10 @@ KV_KEY, KV_ATTENTION = 3, 2
 #: Logit elements per chunk of the chunked head (data/logprobs.py LOGIT_CHUNK_ELEMENTS) and of
 #: the log-softmax temporaries (CHUNK_ELEMENTS); copied so this module imports no torch.
 LOGIT_CHUNK_ELEMENTS = 1 << 26
+#: What an update's peak holds beyond its saved activations and logits (forward temporaries,
+#: gradients in flight, heap fragmentation), as a multiple of the activations: 1.24 and 1.37
+#: in the two SmolLM2 profiles of docs/guides/performance.md (16 and 4 rows a micro-batch).
+UPDATE_SLACK = 1.25
 SOFTMAX_CHUNK_ELEMENTS = 1 << 24
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -183,6 +188,12 @@ def _activations(cfg: PosttrainConfig, s: ModelShape, prompt_tokens: int) -> lis
     logits = 2 * 4 * elements + 3 * 4 * min(elements, SOFTMAX_CHUNK_ELEMENTS)
     return [
         Part("policy", f"{what} ({rows} rows, {tokens} tokens)", kept, "update"),
+        Part(
+            "policy",
+            f"temporaries and heap ({UPDATE_SLACK} x activations, measured)",
+            UPDATE_SLACK * kept,
+            "update",
+        ),  # fmt: skip
         Part(
             "policy",
             f"logits ({logit_rows} rows x {response} x {s.vocab}, with gradient)",
