@@ -173,9 +173,9 @@ def collected(config, roles, tokenizer, tasks: TaskSource, cursor: int, step: in
     the first rows of the batch kept as samples; ``version``: the weights that sample it."""
     sampled, result, times = collect(config, roles, tokenizer, tasks, cursor, step)
     rollout = sampled.rollout
-    k = min(config.logging.train_samples_per_step, len(rollout.texts))
-    rows = [sampled.items[i] for i in rollout.prompt_index[:k].tolist()]
-    samples = sample_rows(rows, rollout.texts[:k], result.scores, result.batch.advantages)
+    keep = min(config.logging.train_samples_per_step, len(rollout.texts))
+    rows = [sampled.items[i] for i in rollout.prompt_index[:keep].tolist()]
+    samples = sample_rows(rows, rollout.texts[:keep], result.scores, result.batch.advantages)
     metrics = {f"train/{k.replace('reward/', 'reward_')}": v for k, v in result.metrics.items()}
     metrics.update({f"train/{k}": v for k, v in sampled.metrics.items()})
     return Collected(step, version, sampled.cursor, result.batch, metrics, times,
