@@ -3,8 +3,9 @@ trains, and the run still replays and resumes bit for bit.
 
 Three runs of the arithmetic recipe with the clipped surrogate (so the importance correction is
 read): two identical in-process drivers, and a CLI driver killed with SIGKILL after its step-2
-checkpoint, then resumed with ``rl.resume=auto``. A k=0 run shows the lag changes the numbers
-(so the equalities below can fail).
+checkpoint, then resumed with ``rl.resume=auto``; dynamic sampling is on. A k=0 run shows the lag
+changes the numbers (so the equalities below can fail). OPD's teacher, a declared role, scores on
+the data side of the pipeline.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ from posttrain.model.tiny import build_tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
 
 
 def slow_digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
@@ -60,7 +65,8 @@ def opts_for(root: Path, model: Path, **extra) -> list[str]:
         "rl.grpo_surrogate": "clipped", "rl.lr": 0.01, "rl.max_steps": STEPS,
         "rl.save_every": 2, "rl.eval_every": 3, "rl.micro_batch_size": 4,
         "logging.progress": False, "placement.backend": "ray", "placement.cpus_per_role": 0.5,
-        "rl.off_policy_lag": 1, "checkpoint.keep_last": 5,
+        "rl.off_policy_lag": 1, "checkpoint.keep_last": 5, "rl.dynamic_sampling": True,
+        "rl.max_sampling_rounds": 2,
     }  # fmt: skip
     opts.update(extra)
     return [f"{k}={v}" for k, v in opts.items()]
@@ -152,3 +158,28 @@ def test_kill_9_then_resume_auto_continues_bit_exactly(straight, cluster, tiny_d
     a = {r["step"]: r for r in rows(straight)}
     b = {r["step"]: r for r in rows(tmp_path)}  # the resumed steps overwrite the killed ones
     assert all(a[s] == b[s] for s in range(3, STEPS + 1))
+
+
+def test_opd_teacher_scores_on_the_data_side_under_a_lag(cluster, tmp_path):
+    from test_entry_opd import RECIPE, opd_opts, rows_of
+
+    from posttrain.entrypoints import opd
+
+    models = {
+        "student": build_tiny_model("arith", tmp_path / "student", seed=0),
+        "teacher": build_tiny_model("arith", tmp_path / "teacher", seed=1),
+    }
+    out = {}
+    for k in (0, 1):
+        opts = opd_opts(tmp_path / f"k{k}", models, **{
+            "rl.distillation_mode": "direct", "placement.backend": "ray",
+            "placement.cpus_per_role": 0.4, "rl.off_policy_lag": k,
+        })  # fmt: skip
+        config = load_config(RECIPE, ["--", *opts])
+        out[k] = comparable(
+            rows_of(opd.run(config, RECIPE, opts, grpo.default_out_dir(config))["run_dir"])
+        )
+    assert [r["train/offpolicy/staleness"] for r in out[1][1:]] == [0.0, 1.0, 1.0]
+    del out[1][1]["train/offpolicy/staleness"]
+    assert out[1][1] == out[0][1]  # step 1: the same batch, teacher columns included
+    assert out[1][3] != out[0][3]
