@@ -175,3 +175,27 @@ def test_a_checkpoint_of_another_lag_is_refused_in_one_line(tmp_path):
         Pipeline(1, run.collect, run.sync, state)
     assert "holds no batches in flight for rl.off_policy_lag=1" in str(e.value)
     assert "rl.off_policy_lag=0" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_error_on_either_side_surfaces_as_itself_without_waiting_forever():
+    run = FakeRun(1, overlap=False)
+    pipe = Pipeline(1, run.collect, run.sync)
+    pipe.step(1, run.train)
+
+    def failing_train(batch):
+        raise ValueError("non-finite loss at step 2")
+
+    with pytest.raises(ValueError, match="non-finite loss at step 2"):
+        pipe.step(2, failing_train)
+    pipe.close()
+
+    def failing_collect(cursor, step, version):
+        if step > 1:
+            raise ConfigError(f"data row {cursor} is malformed")
+        return run.collect(cursor, step, version)
+
+    run = FakeRun(1, overlap=False)
+    pipe = Pipeline(1, failing_collect, run.sync)
+    with pytest.raises(ConfigError, match="data row 3 is malformed"):
+        pipe.step(1, run.train)
+    pipe.close()
