@@ -68,7 +68,9 @@ GRPO_METRICS = {
 
 
 #: Metrics that are not token/sequence means (everything else is a weighted mean).
-GRPO_REDUCTIONS = {"ratio_min": "min", "ratio_max": "max", "rollout_is_weight_max": "max"}
+GRPO_REDUCTIONS = {"ratio_min": "min", "ratio_max": "max"}
+#: The GRPO surrogates' own (OPD shares GRPO_REDUCTIONS but reports no importance weight).
+_SURROGATE_REDUCTIONS = {**GRPO_REDUCTIONS, "rollout_is_weight_max": "max"}
 
 
 def _require_advantages(batch: TrajectoryBatch) -> Tensor:
@@ -184,7 +186,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
     network the placement also hands to the trainer as an auxiliary model. Each value is
     validated once, by the config section; :func:`reads` declares which ones a surrogate reads.
     """
-    adapter = MetricAdapter(GRPO_METRICS, reductions=GRPO_REDUCTIONS)
+    adapter = MetricAdapter(GRPO_METRICS, reductions=_SURROGATE_REDUCTIONS)
     if rl.grpo_surrogate == "legacy_pg":
 
         def legacy(model: nn.Module, batch: TrajectoryBatch):
