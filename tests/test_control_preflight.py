@@ -21,13 +21,14 @@ from posttrain.control import (  # noqa: E402
     external,
     inactive,
     inert,
+    lag,
     opd,
     reads,
     run_preflight,
     temperature,
 )
 
-MODULES = (reads, temperature, inactive, inert, consistency, external, opd, dpo)
+MODULES = (reads, temperature, inactive, inert, consistency, lag, external, opd, dpo)
 
 
 def test_preflight_runs_every_module_rule_once_and_each_reads_real_keys():

@@ -83,3 +83,25 @@ def test_objective_weights_each_token_of_the_surrogate():
     torch.testing.assert_close(float(m1["rollout_logprob_abs_diff"]), float(diff))
     assert "rollout_is_weight_mean" in m1 and "rollout_is_weight_mean" not in m0
     assert capped.identity["rollout_is_cap"] == 1.3 and "rollout_is_cap" not in plain.identity
+
+
+def test_is_weight_max_and_truncated_fraction_by_hand():
+    """Rollout log-probs 0.5 below π_old on even tokens, 0.5 above on odd ones: the weight is
+    min(e^0.5, 1.3) = 1.3 (truncated) or e^-0.5, so its max is 1.3 and the truncated fraction
+    is the share of even masked tokens."""
+    model = tiny_llama(seed=1)
+    batch = random_batch(seed=3)
+    obj = _objective(1.3)
+    obj.old_logp_cache.follow_policy(batch)
+    old = response_logprobs(model, batch).detach()
+    even = (torch.arange(old.shape[1]) % 2 == 0).expand_as(old)
+    rollout = torch.where(even, old - 0.5, old + 0.5)
+    m = batch.response_mask
+    batch = dataclasses.replace(batch, rollout_logprobs=torch.where(m, rollout, 0.0))
+    _, metrics = obj(model, batch)
+    assert float(metrics["rollout_is_weight_max"]) == pytest.approx(1.3)
+    frac = float((even & m).sum() / m.sum())
+    assert 0 < frac < 1
+    assert float(metrics["rollout_is_truncated_frac"]) == pytest.approx(frac)
+    mean = float(torch.where(even, 1.3, torch.exp(torch.tensor(-0.5)))[m].mean())
+    assert float(metrics["rollout_is_weight_mean"]) == pytest.approx(mean, rel=1e-5)

@@ -13,6 +13,7 @@ response tokens of the optimizer step, exactly, however the step is split.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from torch import Tensor, nn
@@ -61,11 +62,15 @@ GRPO_METRICS = {
     "entropy": "pg/entropy",
     "rollout_logprob_abs_diff": "rollout/logprob_abs_diff",
     "rollout_is_weight_mean": "rollout/is_weight_mean",
+    "rollout_is_weight_max": "rollout/is_weight_max",
+    "rollout_is_truncated_frac": "rollout/is_truncated_frac",
 }
 
 
 #: Metrics that are not token/sequence means (everything else is a weighted mean).
 GRPO_REDUCTIONS = {"ratio_min": "min", "ratio_max": "max"}
+#: The GRPO surrogates' own (OPD shares GRPO_REDUCTIONS but reports no importance weight).
+_SURROGATE_REDUCTIONS = {**GRPO_REDUCTIONS, "rollout_is_weight_max": "max"}
 
 
 def _require_advantages(batch: TrajectoryBatch) -> Tensor:
@@ -181,7 +186,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
     network the placement also hands to the trainer as an auxiliary model. Each value is
     validated once, by the config section; :func:`reads` declares which ones a surrogate reads.
     """
-    adapter = MetricAdapter(GRPO_METRICS, reductions=GRPO_REDUCTIONS)
+    adapter = MetricAdapter(GRPO_METRICS, reductions=_SURROGATE_REDUCTIONS)
     if rl.grpo_surrogate == "legacy_pg":
 
         def legacy(model: nn.Module, batch: TrajectoryBatch):
@@ -240,6 +245,9 @@ def make_objective(rl: Any, context: Any) -> Objective:
                 w = truncated_is_weights(old, batch.rollout_logprobs, m, is_cap)
                 per_token = per_token * w
                 metrics["rollout_is_weight_mean"] = masked_mean(w, m)
+                metrics["rollout_is_weight_max"] = w.max()
+                cut = (old.detach() - batch.rollout_logprobs) > math.log(is_cap)
+                metrics["rollout_is_truncated_frac"] = masked_mean(cut.to(w.dtype), m)
         elif is_cap > 0:
             raise ObjectiveContractError(
                 "rl.rollout_is_cap > 0 needs batch.rollout_logprobs (the sampler's logprobs)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from posttrain.algorithm.primitives.choices import (
     AdvantageEstimator,
@@ -20,6 +20,10 @@ from posttrain.algorithm.primitives.choices import (
 )
 from posttrain.config.base import Section
 from posttrain.config.user_code import split_spec
+
+#: ``rl.rollout_is_cap`` when ``rl.off_policy_lag >= 1`` and the cap is left unset: every sample
+#: then comes from older weights than the trainer's, so the behaviour-policy correction is on.
+LAG_IS_CAP = 2.0
 
 
 class RLConfig(Section):
@@ -205,7 +209,17 @@ class RLConfig(Section):
         description="Truncated importance-sampling correction for the sampler-trainer gap "
         "(`clipped` and `cispo`): each token's policy-gradient term is weighted by "
         "min(π_old / π_rollout, cap). 0 turns it off. Matters when the rollout samples with "
-        "other weights than the trainer scores with (`rollout.dtype`).",
+        "other weights than the trainer scores with (`rollout.dtype`, `rl.off_policy_lag`). "
+        "Default: 0, or 2.0 when `rl.off_policy_lag >= 1`.",
+    )
+    off_policy_lag: int = Field(
+        0,
+        ge=0,
+        description="Steps the rollout runs ahead of the policy: the batch trained at step s "
+        "is sampled with the weights after step s-1-k (the initial weights while that is < 1), "
+        "so sampling the next k batches overlaps the current update (`placement.backend=ray`). "
+        "A pure function of the step, never of timing: runs replay and resume bit for bit. 0 "
+        "is the sequential loop. See docs/guides/async.md.",
     )
     distillation_mode: Literal["advantage", "direct"] = Field(
         "advantage",
@@ -245,6 +259,20 @@ class RLConfig(Section):
         if not math.isfinite(value):
             raise ValueError("must be finite")
         return value
+
+    @model_validator(mode="after")
+    def _lag_turns_is_correction_on(self) -> RLConfig:
+        # The cap's default depends on the lag; a value the user set (fields_set) is kept. The
+        # write bypasses assignment validation, which would re-enter this validator.
+        if self.off_policy_lag and "rollout_is_cap" not in self.model_fields_set:
+            self.__dict__["rollout_is_cap"] = LAG_IS_CAP
+        return self
+
+    def is_default(self, name: str) -> bool:
+        if name == "rollout_is_cap":  # under a lag both the schema's 0 and the lag's cap are
+            lag_default = LAG_IS_CAP if self.off_policy_lag else 0.0  # defaults, no claim
+            return self.rollout_is_cap in (self.default_of(name), lag_default)
+        return super().is_default(name)
 
     @field_validator("objective_builder")
     @classmethod

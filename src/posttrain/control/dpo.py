@@ -17,7 +17,7 @@ _LOOP_KNOBS = {
     "rollout": ("n", "temperature", "top_p", "max_tokens", "engine"),
     "reward": ("verifier", "format_weight", "functions", "shared_prefix_mask", "mask_truncated"),
     "rl": ("objective_builder", "dynamic_sampling", "max_sampling_rounds",
-           "mini_batch_per_replica", "micro_batch_tokens"),
+           "mini_batch_per_replica", "micro_batch_tokens", "off_policy_lag"),
     "model": ("tokenizer_path", "certified_deterministic_forward", "gradient_checkpointing",
               "init_preset", "lora_rank", "lora_alpha", "lora_target_modules"),
     "logging": ("train_samples_per_step",),

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from posttrain.config.schema import PosttrainConfig
-from posttrain.control import consistency, dpo, external, inactive, inert, opd, reads, temperature
+from posttrain.control import (
+    consistency,
+    dpo,
+    external,
+    inactive,
+    inert,
+    lag,
+    opd,
+    reads,
+    temperature,
+)
 from posttrain.control.rules import PreflightError, Rule
 
 #: Every preflight rule, in the order they run (and are documented).
@@ -13,6 +23,7 @@ RULES: tuple[Rule, ...] = (
     *inactive.RULES,
     *inert.RULES,
     *consistency.RULES,
+    *lag.RULES,
     *external.RULES,
     *opd.RULES,
     *dpo.RULES,

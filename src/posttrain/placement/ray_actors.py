@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import sysconfig
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -119,7 +120,10 @@ def _wait(refs: list, timeout: float) -> tuple[list, list]:
     """``ray.wait`` for one of ``refs``. Ray's C++ wait runs Python's signal handlers but
     mishandles an exception they raise (drops it, or reports a ``SystemError`` "returned a
     result with an exception set"): posttrain's stop is deferred to the end of the (short) wait,
-    and any other handler's exception is re-raised as itself."""
+    and any other handler's exception is re-raised as itself. Off the main thread (a lagged
+    run's data side, ``run/pipeline.py``) no signal handler runs, so nothing is deferred."""
+    if threading.current_thread() is not threading.main_thread():
+        return ray.wait(refs, num_returns=1, timeout=timeout)
     try:
         with deferred():
             return ray.wait(refs, num_returns=1, timeout=timeout)

@@ -31,7 +31,8 @@ from posttrain.model.loading import load_tokenizer
 from posttrain.model.tiny import ensure_tiny_model
 from posttrain.placement.specs import RoleSpec, annotate
 from posttrain.reward.dynamic_sampling import sample_step
-from posttrain.run.records import encode_prompts, write_samples
+from posttrain.run.pipeline import Collected, Pipeline
+from posttrain.run.records import encode_prompts, sample_rows, write_rows, write_samples
 from posttrain.run.session import RunSession, report_lines
 
 log = logging.getLogger("posttrain")
@@ -70,7 +71,11 @@ def run(
         made["body"] = OnlineBody(config, roles, made["tasks"], run_dir, state)
         return made["body"]
 
-    summary = session.run(out_dir, place, body)
+    try:
+        summary = session.run(out_dir, place, body)
+    finally:
+        if "body" in made:
+            made["body"].close()
     summary["val_problems"] = len(made["body"].val_items) if "body" in made else 0
     for key, name in (("initial", "initial_val_accuracy"), ("final", "final_val_accuracy")):
         if key in summary:
@@ -163,19 +168,24 @@ def evaluate(config, roles, tokenizer, items: Sequence[TaskItem], run_dir: Path,
     return {f"val/{k}": v for k, v in metrics.items()}
 
 
-def keep_train_samples(config, run_dir: Path, step: int, items, rollout, result) -> None:
-    """The first rows of a step's batch, next to the held-out samples."""
-    k = min(config.logging.train_samples_per_step, len(rollout.texts))
-    if not k:
-        return
-    rows = [items[i] for i in rollout.prompt_index[:k].tolist()]
-    path = run_dir / "samples" / "train" / f"step_{step:06d}.jsonl"
-    write_samples(path, rows, rollout.texts[:k], result.scores, advantages=result.batch.advantages)
+def collected(config, roles, tokenizer, tasks: TaskSource, cursor: int, step: int, version: int):
+    """:func:`collect` for ``step`` as the pipeline holds it (plain values and the batch), with
+    the first rows of the batch kept as samples; ``version``: the weights that sample it."""
+    sampled, result, times = collect(config, roles, tokenizer, tasks, cursor, step)
+    rollout = sampled.rollout
+    keep = min(config.logging.train_samples_per_step, len(rollout.texts))
+    rows = [sampled.items[i] for i in rollout.prompt_index[:keep].tolist()]
+    samples = sample_rows(rows, rollout.texts[:keep], result.scores, result.batch.advantages)
+    metrics = {f"train/{k.replace('reward/', 'reward_')}": v for k, v in result.metrics.items()}
+    metrics.update({f"train/{k}": v for k, v in sampled.metrics.items()})
+    return Collected(step, version, sampled.cursor, result.batch, metrics, times,
+                     sampled.generated_tokens, samples)  # fmt: skip
 
 
 class OnlineBody:
     """One online step (collect -> train -> sync) and the held-out evaluation, for the
-    session's loop."""
+    session's loop. With ``rl.off_policy_lag >= 1`` the step runs on a :class:`Pipeline`
+    (``run/pipeline.py``): the rollout samples ahead while the policy trains."""
 
     shown = SHOWN
 
@@ -185,40 +195,57 @@ class OnlineBody:
         # rl.eval_every=0 turns held-out evaluation off entirely (also before and after training).
         self.val_items = tasks.val_items() if config.rl.eval_every else []
         self.evaluates = bool(self.val_items)
-        self.cursor = state.data_state["cursor"] if state else 0
+        lag = config.rl.off_policy_lag
+        self.pipeline = None
+        if lag:
+            self.pipeline = Pipeline(lag, self._collect, roles.sync_weights, state)
+        else:
+            self.cursor = state.data_state["cursor"] if state else 0
         if state:
             roles.sync_weights()  # a rollout engine with its own weights starts from the checkpoint
 
+    def _collect(self, cursor: int, step: int, version: int) -> Collected:
+        return collected(self.config, self.roles, self.tokenizer, self.tasks, cursor, step,
+                         version)  # fmt: skip
+
     def data_state(self) -> dict[str, Any]:
-        return {"cursor": self.cursor}
+        return self.pipeline.state() if self.pipeline else {"cursor": self.cursor}
 
     def evaluate(self, step: int) -> dict[str, float]:
         return evaluate(self.config, self.roles, self.tokenizer, self.val_items, self.run_dir, step)
 
     def step(self, step: int) -> dict[str, Any]:
-        config, roles = self.config, self.roles
         t0 = time.perf_counter()
-        sampled, result, times = collect(config, roles, self.tokenizer, self.tasks, self.cursor,
-                                         step)  # fmt: skip
-        items, rollout, self.cursor = sampled.items, sampled.rollout, sampled.cursor
-        t1 = time.perf_counter()
-        train_metrics = roles.policy.train(result.batch)
-        t2 = time.perf_counter()
-        roles.sync_weights()
-        t3 = time.perf_counter()
-        keep_train_samples(config, self.run_dir, step, items, rollout, result)
-        record = {f"train/{k.replace('reward/', 'reward_')}": v
-                  for k, v in result.metrics.items()}  # fmt: skip
-        record.update({f"train/{k}": v for k, v in sampled.metrics.items()})
-        record.update(train_metrics)
-        record.update(times)
-        record.update({
-            "time/train_s": t2 - t1, "time/sync_s": t3 - t2, "time/step_s": t3 - t0,
-            "perf/rollout_tokens_per_s":
-                sampled.generated_tokens / max(times["time/rollout_s"], 1e-9),
-            "perf/train_tokens_per_s": train_metrics["train/tokens"] / max(t2 - t1, 1e-9),
-        })  # fmt: skip
+        if self.pipeline:
+            batch, train_metrics = self.pipeline.step(step, self.roles.policy.train)
+        else:
+            batch, train_metrics = self._sequential_step(step)
+        if batch.samples:
+            write_rows(self.run_dir / "samples" / "train" / f"step_{step:06d}.jsonl", batch.samples)
+        record = {**batch.metrics, **train_metrics, **batch.times}
+        record["time/step_s"] = time.perf_counter() - t0
+        record["perf/rollout_tokens_per_s"] = batch.generated_tokens / max(
+            batch.times["time/rollout_s"], 1e-9
+        )
+        record["perf/train_tokens_per_s"] = train_metrics["train/tokens"] / max(
+            train_metrics["time/train_s"], 1e-9
+        )
         return record
+
+    def _sequential_step(self, step: int) -> tuple[Collected, dict]:
+        """Collect, train, sync: lag 0, the batch sampled with the weights after step - 1."""
+        batch = self._collect(self.cursor, step, step - 1)
+        self.cursor = batch.cursor
+        t1 = time.perf_counter()
+        train_metrics = self.roles.policy.train(batch.batch)
+        t2 = time.perf_counter()
+        self.roles.sync_weights()
+        t3 = time.perf_counter()
+        return batch, {**train_metrics, "time/train_s": t2 - t1, "time/sync_s": t3 - t2}
+
+    def close(self) -> None:
+        if self.pipeline:
+            self.pipeline.close()
 
 
 def report(summary: dict[str, Any]) -> None:

@@ -52,7 +52,17 @@ def encode_prompts(items: Sequence[TaskItem], data: DataConfig, tokenizer) -> li
 
 def write_samples(path: Path, items, completions, scores, advantages=None) -> None:
     """One JSON row per completion (row ``i`` scored as ``scores`` row ``i``)."""
+    write_rows(path, sample_rows(items, completions, scores, advantages))
+
+
+def write_rows(path: Path, rows: Sequence[dict]) -> None:
+    """Rows from :func:`sample_rows`, one JSON line each, written atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
+
+
+def sample_rows(items, completions, scores, advantages=None) -> list[dict]:
+    """Plain rows of completions and their scores (a lagged run holds them until its step)."""
     rows = []
     for i, (item, text) in enumerate(zip(items, completions, strict=True)):
         row = {
@@ -64,8 +74,8 @@ def write_samples(path: Path, items, completions, scores, advantages=None) -> No
         }
         if advantages is not None and advantages.dim() == 1:  # per-token ones stay out
             row["advantage"] = float(advantages[i])
-        rows.append(json.dumps(row) + "\n")
-    atomic_write_text(path, "".join(rows))
+        rows.append(row)
+    return rows
 
 
 def refuse_driver_edits(driver: PosttrainConfig, resolved: PosttrainConfig) -> None:

@@ -1,0 +1,39 @@
+"""Preflight for ``rl.off_policy_lag``: where a lagged rollout can run, and its correction."""
+
+from __future__ import annotations
+
+from posttrain.config.schema import PosttrainConfig
+from posttrain.control.reads import reads_or_none
+from posttrain.control.rules import error, warning
+
+
+@error("rl.off_policy_lag", "placement.backend")
+def lag_needs_ray(cfg: PosttrainConfig) -> str | None:
+    """A lagged rollout samples while the policy trains, with its own copy of the weights: on
+    Ray the rollout actor has one; in-process the rollout shares the policy's module."""
+    k = cfg.rl.off_policy_lag
+    if not k or cfg.placement.backend == "ray":
+        return None
+    return (
+        f"rl.off_policy_lag={k} needs placement.backend=ray (the rollout samples the next "
+        "batches with its own weight copy while the policy trains); set placement.backend=ray "
+        "or rl.off_policy_lag=0"
+    )
+
+
+@warning("rl.off_policy_lag", "rl.rollout_is_cap")
+def lag_without_is_correction(cfg: PosttrainConfig) -> str | None:
+    """With a lag every sample comes from weights k steps older than the trainer's: without the
+    truncated importance weight the update is biased towards the stale sampler."""
+    k = cfg.rl.off_policy_lag
+    reads = reads_or_none(cfg)
+    if not k or cfg.rl.rollout_is_cap > 0 or reads is None or not reads.reads("rl.rollout_is_cap"):
+        return None
+    return (
+        f"rl.rollout_is_cap=0 with rl.off_policy_lag={k}: samples come from weights {k} step(s) "
+        "older than the trainer's and nothing corrects for it; leave rl.rollout_is_cap unset "
+        "(2.0 under a lag) or set it > 0"
+    )
+
+
+RULES = (lag_needs_ray, lag_without_is_correction)

@@ -1,0 +1,185 @@
+"""rl.off_policy_lag=1 on a local 2-CPU Ray instance: the rollout samples ahead while the policy
+trains, and the run still replays and resumes bit for bit.
+
+Three runs of the arithmetic recipe with the clipped surrogate (so the importance correction is
+read): two identical in-process drivers, and a CLI driver killed with SIGKILL after its step-2
+checkpoint, then resumed with ``rl.resume=auto``; dynamic sampling is on. A k=0 run shows the lag
+changes the numbers (so the equalities below can fail). OPD's teacher, a declared role, scores on
+the data side of the pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from safetensors.torch import load_file  # noqa: E402
+
+from posttrain.config import load_config  # noqa: E402
+from posttrain.config.build import build_objective  # noqa: E402
+from posttrain.entrypoints import grpo  # noqa: E402
+from posttrain.model.tiny import build_tiny_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 6
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
+
+
+def slow_digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
+    """Varies across an untrained model's samples; slow enough that a step lasts ~0.5 s, so a
+    kill lands mid-run."""
+    time.sleep(0.03)
+    return float(sum(c.isdigit() for c in completion))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
+
+
+def opts_for(root: Path, model: Path, **extra) -> list[str]:
+    opts = {
+        "job.output_root": str(root), "model.name_or_path": str(model),
+        "data.train_size": 60, "data.val_size": 4, "data.prompts_per_step": 4, "rollout.n": 4,
+        "rollout.max_tokens": 3, "reward.functions": "[test_off_policy_lag_ray:slow_digit_reward]",
+        "rl.grpo_surrogate": "clipped", "rl.lr": 0.01, "rl.max_steps": STEPS,
+        "rl.save_every": 2, "rl.eval_every": 3, "rl.micro_batch_size": 4,
+        "logging.progress": False, "placement.backend": "ray", "placement.cpus_per_role": 0.5,
+        "rl.off_policy_lag": 1, "checkpoint.keep_last": 5, "rl.dynamic_sampling": True,
+        "rl.max_sampling_rounds": 2,
+    }  # fmt: skip
+    opts.update(extra)
+    return [f"{k}={v}" for k, v in opts.items()]
+
+
+def train(opts: list[str]) -> dict:
+    config = load_config("arithmetic", ["--", *opts])
+    return grpo.run(config, "arithmetic", opts, grpo.default_out_dir(config), build_objective)
+
+
+def run_dir(root: Path) -> Path:
+    return root / "grpo" / "arithmetic_tiny"
+
+
+def rows(root: Path) -> list[dict]:
+    text = (run_dir(root) / "metrics.jsonl").read_text()
+    drop = ("time/", "perf/")
+    return [
+        {k: v for k, v in json.loads(line).items() if not k.startswith(drop)}
+        for line in text.splitlines()
+    ]
+
+
+def params(root: Path, step: int = STEPS) -> dict[str, torch.Tensor]:
+    path = run_dir(root) / "checkpoints" / f"step_{step:08d}" / "model" / "model.safetensors"
+    return load_file(str(path))
+
+
+def same_params(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def straight(cluster, tiny_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("lag1")
+    train(opts_for(root, tiny_dir))
+    return root
+
+
+def test_two_lagged_runs_with_one_seed_are_bit_identical(straight, cluster, tiny_dir, tmp_path):
+    train(opts_for(tmp_path, tiny_dir))
+    a, b = rows(straight), rows(tmp_path)
+    assert [r["step"] for r in a] == list(range(STEPS + 1))
+    assert a == b
+    assert same_params(params(straight), params(tmp_path))
+    staleness = [r["train/offpolicy/staleness"] for r in a[1:]]
+    assert staleness == [0.0] + [1.0] * (STEPS - 1)
+    # The correction is on by default under a lag and sees a real sampler-trainer gap.
+    assert all(r["train/rollout/logprob_abs_diff"] > 0 for r in a[2:])
+    assert all(0 < r["train/rollout/is_weight_max"] <= 2.0 for r in a[1:])
+    assert all(0 <= r["train/rollout/is_truncated_frac"] < 1 for r in a[1:])
+    # In flight: the checkpoint after step 2 holds step 3's batch, sampled with step 1's weights.
+    ckpt = run_dir(straight) / "checkpoints" / "step_00000002" / "data_state.pt"
+    state = torch.load(ckpt, weights_only=True)
+    assert [c["step"] for c in state["in_flight"]] == [3] and state["in_flight"][0]["version"] == 1
+
+
+def test_the_lag_changes_the_run_from_step_2_on(straight, cluster, tiny_dir, tmp_path):
+    """Step 1 trains on the same batch (initial weights) either way; step 2's batch is sampled
+    with the weights after step 1 without a lag, with the initial ones under it."""
+    train(opts_for(tmp_path, tiny_dir, **{"rl.off_policy_lag": 0, "rl.rollout_is_cap": 2.0}))
+    lagged, sequential = rows(straight), rows(tmp_path)
+    del lagged[1]["train/offpolicy/staleness"]
+    assert lagged[1] == sequential[1]
+    assert lagged[2] != sequential[2]
+    assert not same_params(params(straight), params(tmp_path))
+
+
+def test_kill_9_then_resume_auto_continues_bit_exactly(straight, cluster, tiny_dir, tmp_path):
+    opts = opts_for(tmp_path, tiny_dir, **{"placement.ray_address": cluster})
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO / 'tests'}"}
+    cmd = [sys.executable, "-m", "posttrain.entrypoints.grpo", "--config", "arithmetic", "--"]
+    driver = subprocess.Popen([*cmd, *opts], cwd=tmp_path, env=env, text=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    ckpts = run_dir(tmp_path) / "checkpoints"
+    deadline = time.monotonic() + 180
+    while not (ckpts / "step_00000002" / "COMPLETE").exists():
+        assert driver.poll() is None, driver.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run never reached its step-2 checkpoint"
+        time.sleep(0.02)
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait(timeout=30)
+    assert not (ckpts / f"step_{STEPS:08d}" / "COMPLETE").exists(), "killed too late"
+    resumed = subprocess.run([*cmd, *opts, "rl.resume=auto"], cwd=tmp_path, env=env, text=True,
+                             capture_output=True, timeout=300)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from step" in resumed.stderr
+    assert same_params(params(straight), params(tmp_path))
+    a = {r["step"]: r for r in rows(straight)}
+    b = {r["step"]: r for r in rows(tmp_path)}  # the resumed steps overwrite the killed ones
+    assert all(a[s] == b[s] for s in range(3, STEPS + 1))
+
+
+def test_opd_teacher_scores_on_the_data_side_under_a_lag(cluster, tmp_path):
+    from test_entry_opd import RECIPE, opd_opts, rows_of
+
+    from posttrain.entrypoints import opd
+
+    models = {
+        "student": build_tiny_model("arith", tmp_path / "student", seed=0),
+        "teacher": build_tiny_model("arith", tmp_path / "teacher", seed=1),
+    }
+    out = {}
+    for k in (0, 1):
+        opts = opd_opts(tmp_path / f"k{k}", models, **{
+            "rl.distillation_mode": "direct", "placement.backend": "ray",
+            "placement.cpus_per_role": 0.4, "rl.off_policy_lag": k,
+        })  # fmt: skip
+        config = load_config(RECIPE, ["--", *opts])
+        out[k] = comparable(
+            rows_of(opd.run(config, RECIPE, opts, grpo.default_out_dir(config))["run_dir"])
+        )
+    assert [r["train/offpolicy/staleness"] for r in out[1][1:]] == [0.0, 1.0, 1.0]
+    del out[1][1]["train/offpolicy/staleness"]
+    assert out[1][1] == out[0][1]  # step 1: the same batch, teacher columns included
+    assert out[1][3] != out[0][3]
