@@ -67,7 +67,10 @@ def _distinct(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     rank's local shard may be empty, and empty tensors share no storage)."""
     out, seen = {}, set()
     for key, t in state.items():
-        ident = id(t) if isinstance(t, nn.Parameter) else (t.data_ptr(), t.dtype, t.shape)
+        if isinstance(t, nn.Parameter):
+            ident = id(t)
+        else:  # a buffer: by its storage (empty ones share none)
+            ident = (t.data_ptr(), t.dtype, t.shape) if t.numel() else key
         if ident not in seen:
             seen.add(ident)
             out[key] = t
