@@ -12,10 +12,12 @@ gloo), it places the roles on a local Ray instance (one torch thread per actor) 
 - with LoRA, ``merged`` (one piece, then buckets: full weights with the adapters merged in, what
   the sync sent before) and ``adapters`` (what a LoRA sync sends now).
 
-Per sync: bytes sent, buckets, seconds (median of ``--syncs`` after one warm-up), and the peak
-resident memory each policy rank and the rollout actor reach above their resident memory before
-the syncs (``VmHWM`` after the syncs minus ``VmRSS`` before, with the high-water mark reset):
-that is the memory a sync adds, object-store pages the process touches included.
+Per sync: bytes sent, buckets, seconds (median of ``--syncs`` after one warm-up), and how far
+each policy rank's and the rollout actor's memory rises above what it held before the syncs
+(MiB): ``+private`` is the peak of the process's own (anonymous) resident memory, sampled every
+half millisecond — gathered tensors, serialisation buffers; ``+RSS`` the peak of its whole
+resident set (``VmHWM``, reset before), which also counts the object store's shared-memory pages
+the process wrote or read (the store reuses them; they are not the process's own).
 
     flock /tmp/heavy.lock python benchmarks/sync_bench.py
     python benchmarks/sync_bench.py --models tiny --syncs 3 --json out.json
@@ -43,14 +45,28 @@ def _status_kib(field: str) -> int:
     return 0
 
 
-def _reset_peak(host) -> int:
-    """Inside an actor: reset its peak RSS to its current RSS, and return that (bytes)."""
+def _start_watch(host) -> tuple[int, int]:
+    """Inside an actor: reset its peak RSS and start sampling its private (anonymous) RSS every
+    half millisecond; returns both as they are now (bytes)."""
+    import threading
+
     Path("/proc/self/clear_refs").write_text("5")
-    return _status_kib("VmRSS") * 1024
+    now = _status_kib("RssAnon")
+    host.sync_watch = watch = {"peak": now, "on": True}
+
+    def sample() -> None:
+        while watch["on"]:
+            watch["peak"] = max(watch["peak"], _status_kib("RssAnon"))
+            time.sleep(0.0005)
+
+    threading.Thread(target=sample, daemon=True).start()
+    return _status_kib("VmRSS") * 1024, now * 1024
 
 
-def _peak(host) -> int:
-    return _status_kib("VmHWM") * 1024
+def _stop_watch(host) -> tuple[int, int]:
+    """Peak RSS and peak private RSS since :func:`_start_watch` (bytes)."""
+    host.sync_watch["on"] = False
+    return _status_kib("VmHWM") * 1024, host.sync_watch["peak"] * 1024
 
 
 def _use_source(host, limit: int, adapters: bool | None) -> None:
@@ -91,19 +107,21 @@ def bench(name: str, model: str, lora: list[str], bucket_mb: float, syncs: int, 
                          for n in roles.policy.names])  # fmt: skip
                 roles._buckets = 0  # the plan changed: ask rank 0 again
                 roles.sync_weights()  # warm-up
-                before = ray.get([h[n].__ray_call__.remote(_reset_peak) for n in names])
+                before = ray.get([h[n].__ray_call__.remote(_start_watch) for n in names])
                 seconds = []
                 for _ in range(syncs):
                     t = time.perf_counter()
                     roles.sync_weights()
                     seconds.append(time.perf_counter() - t)
-                peaks = ray.get([h[n].__ray_call__.remote(_peak) for n in names])
-                extra = [p - b for p, b in zip(peaks, before, strict=True)]
+                peaks = ray.get([h[n].__ray_call__.remote(_stop_watch) for n in names])
+                rss = [p[0] - b[0] for p, b in zip(peaks, before, strict=True)]
+                private = [p[1] - b[1] for p, b in zip(peaks, before, strict=True)]
                 rows.append({
                     "model": name, "layout": layout, "mode": mode,
                     "bucket_mb": None if mb == ONE_PIECE_MB else mb, **roles.last_sync,
                     "s_per_sync": statistics.median(seconds),
-                    "policy_extra_peak": extra[:-1], "rollout_extra_peak": extra[-1],
+                    "policy_extra_private": private[:-1], "rollout_extra_private": private[-1],
+                    "policy_extra_rss": rss[:-1], "rollout_extra_rss": rss[-1],
                 })  # fmt: skip
                 print(_line(rows[-1]), flush=True)
         finally:
@@ -113,14 +131,16 @@ def bench(name: str, model: str, lora: list[str], bucket_mb: float, syncs: int, 
 
 def _line(r: dict) -> str:
     bucket = "-" if r["bucket_mb"] is None else f"{r['bucket_mb']:g}"
-    policy = ", ".join(f"{x / MIB:.0f}" for x in r["policy_extra_peak"])
+    mib = lambda xs: ", ".join(f"{x / MIB:.0f}" for x in xs)  # noqa: E731
     return (f"{r['model']:14} {r['layout']:7} {r['mode']:18} {bucket:>6} {r['sync/buckets']:>7} "
-            f"{r['sync/bytes'] / MIB:9.2f} {r['s_per_sync']:7.3f} {policy:>12} "
-            f"{r['rollout_extra_peak'] / MIB:8.0f}")  # fmt: skip
+            f"{r['sync/bytes'] / MIB:9.2f} {r['s_per_sync']:7.3f} "
+            f"{mib(r['policy_extra_private']):>10} {r['rollout_extra_private'] / MIB:8.0f} "
+            f"{mib(r['policy_extra_rss']):>10} {r['rollout_extra_rss'] / MIB:8.0f}")  # fmt: skip
 
 
 HEADER = (f"{'model':14} {'layout':7} {'mode':18} {'bucket':>6} {'buckets':>7} {'MiB sent':>9} "
-          f"{'s/sync':>7} {'policy +MiB':>12} {'rollout +MiB':>8}")  # fmt: skip
+          f"{'s/sync':>7} {'policy +private':>10} {'rollout':>8} {'policy +RSS':>10} "
+          f"{'rollout':>8}")  # fmt: skip
 
 
 def main() -> None:

@@ -185,3 +185,15 @@ def test_bad_bucket_size_is_one_line(capsys, value):
     )
     err = [x for x in capsys.readouterr().err.strip().splitlines() if x]
     assert len(err) == 1 and "placement.sync_bucket_mb" in err[0], err
+
+
+def test_wire_form_round_trips_bits_and_views_the_tensors():
+    from posttrain.placement.weight_sync import from_wire, to_wire, wire_bytes
+
+    bucket = {"f": torch.randn(3, 4), "h": torch.randn(2, 5).to(torch.bfloat16)}
+    wire = to_wire(bucket)
+    assert wire["f"].ctypes.data == bucket["f"].data_ptr()  # a view: the store copies once
+    for name, t in bucket.items():
+        back = from_wire(wire[name])
+        assert back.dtype == t.dtype and torch.equal(back, t)
+        assert wire_bytes(wire[name]) == wire_bytes(t) == t.numel() * t.element_size()

@@ -118,7 +118,7 @@ class RayRoles:
         ranks = self.policy.names if self.policy.sharded else ["policy rank 0"]
 
         def put(k: int) -> list:
-            return [(n, a.handles[n].put.remote("weight_bucket", k)) for n in ranks]
+            return [(n, a.handles[n].put.remote("weight_bucket", k, True)) for n in ranks]
 
         count = self._buckets
         sent = {"sync/bytes": 0, "sync/tensors": 0, "sync/buckets": count}

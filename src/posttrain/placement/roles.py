@@ -112,12 +112,13 @@ class PolicyRole:
         """How many :meth:`weight_bucket` calls one weight sync takes."""
         return len(self._weights().buckets)
 
-    def weight_bucket(self, k: int) -> dict[str, Tensor]:
-        """Bucket ``k`` of a weight sync, as CPU tensors (they travel between processes): every
-        weight under the plain model's names, tied tensors once; with LoRA only the adapters
-        (``placement/weight_sync.py``). A sharded policy gathers the bucket (every rank must
-        call this; rank 0 returns it, the others ``{}``)."""
-        return self._weights().bucket(k)
+    def weight_bucket(self, k: int, wire: bool = False) -> dict[str, Any]:
+        """Bucket ``k`` of a weight sync, as CPU tensors (``wire``: numpy views of them, which
+        the object store takes without a copy): every weight under the plain model's names,
+        tied tensors once; with LoRA only the adapters (``placement/weight_sync.py``). A sharded
+        policy gathers the bucket (every rank must call this; rank 0 returns it, the others
+        ``{}``)."""
+        return self._weights().bucket(k, wire)
 
     def _weights(self) -> WeightSource:
         if self._source is None:
@@ -189,7 +190,7 @@ class RolloutRole:
             return out
         return dataclasses.replace(out, batch=out.batch.to("cpu"), truncated=out.truncated.cpu())
 
-    def sync(self, weights: nn.Module | Mapping[str, Tensor], final: bool = True) -> int:
+    def sync(self, weights: nn.Module | Mapping[str, Any], final: bool = True) -> int:
         """Take the policy module itself (in-process sharing), or one bucket of a sync
         (``final`` for the last); returns the engine's weight version."""
         if isinstance(weights, nn.Module):

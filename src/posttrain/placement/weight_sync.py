@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +38,40 @@ from posttrain.trainer import sharding as sh
 _PEFT_PREFIX = "base_model.model."
 _ADAPTER_KEY = re.compile(rf"^(.*)\.lora_([AB])\.{ADAPTER}\.weight$")
 LORA_A, LORA_B = ".lora_A", ".lora_B"
+
+
+def to_wire(bucket: Mapping[str, Tensor]) -> dict[str, Any]:
+    """A bucket as numpy arrays that view the tensors: Ray stores numpy arrays without copying
+    them (pickle-5 buffers, read back as views of the object store), where a torch tensor is
+    pickled in-band (one extra copy to put it, two to get it). A dtype numpy lacks (bfloat16)
+    travels as its bytes with its dtype and shape."""
+    out: dict[str, Any] = {}
+    for name, t in bucket.items():
+        t = t.detach()
+        try:
+            out[name] = t.numpy()
+        except TypeError:
+            out[name] = (t.contiguous().view(torch.uint8).numpy(), str(t.dtype), tuple(t.shape))
+    return out
+
+
+def from_wire(value: Any) -> Tensor:
+    """A tensor over what :func:`to_wire` sent (a read-only view of the store: copy from it)."""
+    if isinstance(value, Tensor):
+        return value
+    with warnings.catch_warnings():  # read-only arrays: the sink only copies out of them
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        if isinstance(value, tuple):
+            data, dtype, shape = value
+            return torch.from_numpy(data).view(getattr(torch, dtype.split(".")[-1])).view(shape)
+        return torch.from_numpy(value)
+
+
+def wire_bytes(value: Any) -> int:
+    """Bytes of a tensor, or of its :func:`to_wire` form."""
+    if isinstance(value, Tensor):
+        return _nbytes(value)
+    return int((value[0] if isinstance(value, tuple) else value).nbytes)
 
 
 def bucket_bytes(mb: float) -> int:
@@ -131,9 +167,12 @@ class WeightSource:
         self.buckets = plan_buckets(plan_units(model, self.adapters), limit)
 
     @torch.no_grad()
-    def bucket(self, k: int) -> dict[str, Tensor]:
+    def bucket(self, k: int, wire: bool = False) -> dict[str, Any]:
         """Bucket ``k`` as CPU tensors under the names the rollout receives (rank 0; other
-        ranks of a sharded model take part in the gathers and get ``{}``)."""
+        ranks of a sharded model take part in the gathers and get ``{}``); ``wire``: in
+        :func:`to_wire` form, for the object store."""
+        if wire:
+            return to_wire(self.bucket(k))
         state = self.model.state_dict(keep_vars=True)
         out: dict[str, Tensor] = {}
         for unit in self.buckets[k]:
@@ -198,24 +237,28 @@ class WeightSink:
         self._received: set[str] = set()
         self._adapters = False  # whether this sync sends adapters (else full weights)
 
-    def receive(self, bucket: Mapping[str, Tensor], final: bool) -> None:
-        """Apply one bucket; after the ``final`` one, every weight (or, for adapters, every
-        adapted module) must have arrived in this sync."""
-        tensors: dict[str, Tensor] = {}
+    def receive(self, bucket: Mapping[str, Any], final: bool) -> None:
+        """Apply one bucket (tensors, or their :func:`to_wire` form); after the ``final`` one,
+        every weight (or, for adapters, every adapted module) must have arrived in this sync.
+        A merged adapter weight is copied in as soon as it is computed, so the rollout holds
+        one such weight at a time beyond its own."""
+        bucket = {name: from_wire(v) for name, v in bucket.items()}
+        plain: dict[str, Tensor] = {}
         for name, t in bucket.items():
             if name.endswith(LORA_B):
                 continue
             if name.endswith(LORA_A):
                 module = name.removesuffix(LORA_A)
-                tensors[f"{module}.weight"] = self._merged(module, t, bucket[module + LORA_B])
+                merged = self._merged(module, t, bucket[module + LORA_B])
+                self.engine.sync_weights({f"{module}.weight": merged}, final=False)
                 self._received.add(module)
                 self._adapters = True
             else:
-                tensors[name] = t
+                plain[name] = t
                 self._received.add(self.canonical.get(name, name))
         if final:
             self._check_complete()
-        self.engine.sync_weights(tensors, final=final)
+        self.engine.sync_weights(plain, final=final)
 
     @torch.no_grad()
     def _merged(self, module: str, a: Tensor, b: Tensor) -> Tensor:
