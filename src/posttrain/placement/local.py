@@ -22,6 +22,7 @@ from posttrain.placement.deadline import Deadlines
 from posttrain.placement.device import resolve_device, rollout_dtype
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
+from posttrain.placement.weight_sync import wire_bytes
 
 log = logging.getLogger("posttrain")
 
@@ -47,7 +48,7 @@ class LocalRoles:
         sent = {"sync/bytes": 0, "sync/tensors": 0, "sync/buckets": count}
         for k in range(count):
             bucket = self.policy.weight_bucket(k)
-            sent["sync/bytes"] += sum(t.numel() * t.element_size() for t in bucket.values())
+            sent["sync/bytes"] += sum(wire_bytes(t) for t in bucket.values())
             sent["sync/tensors"] += len(bucket)
             version = self.rollout.sync(bucket, k == count - 1)
         self.last_sync = sent
