@@ -108,9 +108,10 @@ def test_lora_run_saves_peft_adapters_and_resumes_exactly(tmp_path, tiny_dir):
     assert _strip_timing(metrics_of(resumed)) == _strip_timing(rows)
 
 
-def test_sync_to_an_own_copy_sends_merged_weights(tmp_path, tiny_dir):
+def test_sync_to_an_own_copy_sends_adapters_and_scores_like_the_policy(tmp_path, tiny_dir):
     from posttrain.config import load_config
     from posttrain.config.build import build_objective
+    from posttrain.placement.local import LocalRoles
     from posttrain.placement.roles import PolicyRole, RolloutRole
 
     config = load_config("arithmetic", ["--", *quick_opts(tmp_path, tiny_dir, **LORA)])
@@ -120,9 +121,9 @@ def test_sync_to_an_own_copy_sends_merged_weights(tmp_path, tiny_dir):
             if "lora_B" in name:
                 p.normal_()
     rollout = RolloutRole(config)  # its own plain copy, as on another machine
-    weights = policy.weights()
-    assert not any("lora" in k or "base_layer" in k for k in weights)
-    rollout.sync(weights)
+    roles = LocalRoles(policy, rollout, None)
+    roles.sync_weights()  # the adapters only (tests/test_weight_sync.py checks the bits)
+    assert roles.last_sync["sync/bytes"] == adapter_bytes(policy.model)
     batch = random_batch(vocab=policy.model.config.vocab_size)
     torch.testing.assert_close(
         response_logprobs(rollout.engine.model, batch),

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import random_batch, tiny_llama
+from conftest import random_batch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -87,30 +87,6 @@ def test_a_worker_that_resolved_another_config_is_refused():
     with pytest.raises(ConfigError, match="the rollout actor resolved a different config at rl.lr"):
         _check_worker_configs(driver, {"rollout": {"rl": {"lr": 0.001, "max_steps": 3},
                                                    "job": {"name": "a"}}})  # fmt: skip
-
-
-def test_tied_weights_travel_once_and_load_strictly():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from posttrain.placement.roles import untied_state, with_tied_keys
-
-    def build(seed: int) -> LlamaForCausalLM:
-        torch.manual_seed(seed)
-        cfg = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
-        return LlamaForCausalLM(cfg)
-
-    sender, receiver = build(0), build(1)
-    full = sender.state_dict()
-    sent = untied_state(sender)
-    assert "lm_head.weight" in full and "lm_head.weight" not in sent
-    assert set(full) - set(sent) == {"lm_head.weight"}
-    receiver.load_state_dict(with_tied_keys(receiver, sent), strict=True)
-    for key, value in receiver.state_dict().items():
-        assert torch.equal(value, full[key]), key
-    assert receiver.lm_head.weight.data_ptr() == receiver.model.embed_tokens.weight.data_ptr()
-    untied = tiny_llama()  # no tied tensors: nothing is left out
-    assert untied_state(untied).keys() == untied.state_dict().keys()
 
 
 def test_ray_backend_without_ray_installed_is_a_config_error(monkeypatch):

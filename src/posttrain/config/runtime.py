@@ -42,6 +42,15 @@ class PlacementConfig(Section):
         "when `model.dtype=bfloat16`) and checkpoints through torch.distributed.checkpoint. "
         "Needs `backend=ray` (any `policy_ranks`, 1 included).",
     )
+    sync_bucket_mb: float = Field(
+        256.0,
+        gt=0,
+        description="Weight sync to a rollout with its own copy of the weights (every Ray run; "
+        "a local run with `rollout.dtype` other than float32) sends them in buckets of at most "
+        "this many MiB, one at a time: no policy rank holds more than one bucket beyond its "
+        "weights or shards (a tensor larger than a bucket travels alone). With LoRA only the "
+        "adapters travel.",
+    )
     cpus_per_role: float = Field(
         1.0,
         gt=0,
@@ -78,7 +87,7 @@ class PlacementConfig(Section):
         "places roles with `gpus_per_role` instead.",
     )
 
-    @field_validator("cpus_per_role", "gpus_per_role", "role_call_timeout_s")
+    @field_validator("cpus_per_role", "gpus_per_role", "role_call_timeout_s", "sync_bucket_mb")
     @classmethod
     def _finite(cls, value: float) -> float:
         if not math.isfinite(value):

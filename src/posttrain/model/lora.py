@@ -8,10 +8,11 @@ Three consequences the rest of the run relies on:
 - **Checkpoints hold adapters only.** ``save_pretrained`` on a peft model writes
   ``adapter_config.json`` + ``adapter_model.safetensors`` (loadable with
   ``PeftModel.from_pretrained(base, dir)``); ``trainer.model_io`` reads them back in place.
-- **Weight sync merges.** A rollout engine with its own copy of the model receives full merged
-  weights ``W + (alpha / r) B A`` under the base model's own names (:func:`merged_state`), so any
-  engine that loads a plain Hugging Face state dict can take them; the in-process engine shares
-  the peft module itself and receives nothing.
+- **Weight sync sends adapters.** A rollout engine with its own copy of the model receives only
+  the adapters and merges them onto its own float32 copy of the adapted base weights, as
+  :func:`merged_state` merges (``W + (alpha / r) B A``), so its weights equal a merged sync's
+  bit for bit (``placement/weight_sync.py``); the in-process engine shares the peft module
+  itself and receives nothing.
 """
 
 from __future__ import annotations

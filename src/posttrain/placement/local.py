@@ -22,6 +22,7 @@ from posttrain.placement.deadline import Deadlines
 from posttrain.placement.device import resolve_device, rollout_dtype
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
+from posttrain.placement.weight_sync import wire_bytes
 
 log = logging.getLogger("posttrain")
 
@@ -33,11 +34,25 @@ class LocalRoles:
     reward: RewardRole
     declared: tuple[PlacedRole, ...] = ()
     deadlines: Deadlines | None = field(default=None, repr=False)
+    #: What the last sync sent (``sync/bytes``, ``sync/tensors``, ``sync/buckets``), for metrics.
+    last_sync: dict[str, int] = field(default_factory=dict)
 
     def sync_weights(self) -> int:
         """After an update: an engine sharing the policy module copies nothing; an own
-        low-precision copy is refreshed from the float32 master weights."""
-        return self.rollout.sync(self.policy.model)
+        low-precision copy is refreshed from the float32 master weights, bucket by bucket (with
+        LoRA: the adapters only), as a Ray rollout is."""
+        if self.rollout.engine.model is self.policy.model:
+            self.last_sync = {"sync/bytes": 0, "sync/tensors": 0, "sync/buckets": 0}
+            return self.rollout.sync(self.policy.model)
+        count = self.policy.sync_buckets()
+        sent = {"sync/bytes": 0, "sync/tensors": 0, "sync/buckets": count}
+        for k in range(count):
+            bucket = self.policy.weight_bucket(k)
+            sent["sync/bytes"] += sum(wire_bytes(t) for t in bucket.values())
+            sent["sync/tensors"] += len(bucket)
+            version = self.rollout.sync(bucket, k == count - 1)
+        self.last_sync = sent
+        return version
 
     def close(self) -> None:
         if self.deadlines is not None:

@@ -7,9 +7,9 @@ rebuilds the config from ``config_path`` + the override list; the driver checks 
 resolved exactly the driver's config. The objective builder travels by reference (module and
 name), so it must be a module-level function or a ``functools.partial`` of one.
 
-Weight sync: policy rank 0 puts its state dict into the object store once per sync and hands
-the driver a reference; the rollout actor loads the weights from that reference. The bulk never
-passes through the driver.
+Weight sync: bucket by bucket (``placement/weight_sync.py``), policy rank 0 puts a bucket into
+the object store and hands the driver a reference; the rollout actor copies the weights from that
+reference into its model. The bulk never passes through the driver.
 
 Failures: every wait on actors returns at the first error; a dead actor or an unexpected error
 raises :class:`RoleFailedError` naming the role, after which ``close`` ends the other actors (a
@@ -97,19 +97,42 @@ class RayRoles:
     actors: ActorGroup
     worker_configs: dict[str, dict[str, Any]]
     owns_ray: bool
+    #: What the last sync sent (``sync/bytes``, ``sync/tensors``, ``sync/buckets``), for metrics.
     last_sync: dict[str, int] = field(default_factory=dict)
     #: Declared roles; a role's batch travels to its actor and only its columns come back.
     declared: tuple[PlacedRole, ...] = ()
+    _buckets: int = field(default=0, init=False)
 
     def sync_weights(self) -> int:
-        """Rank 0's state dict goes into the object store once; the rollout actor loads it."""
+        """The policy's weights reach the rollout actor one bucket at a time.
+
+        Each bucket goes into the object store once (policy rank 0 puts it; a sharded policy
+        gathers it with every rank taking part) and the rollout actor copies it into its model.
+        The next bucket is gathered while the rollout copies this one, so the store holds at
+        most two buckets and each policy rank one beyond its weights or shards.
+        """
         a = self.actors
-        # A sharded policy gathers its weights collectively: every rank takes part, rank 0's
-        # result is the one that travels.
+        if not self._buckets:
+            call = a.handles["policy rank 0"].call.remote("sync_buckets")
+            self._buckets = a.gather([("policy rank 0", call)])[0]
         ranks = self.policy.names if self.policy.sharded else ["policy rank 0"]
-        meta = a.gather([(n, a.handles[n].put.remote("weights")) for n in ranks])[0]
-        self.last_sync = {"bytes": meta["bytes"], "tensors": meta["tensors"]}
-        return a.gather([("rollout", a.handles["rollout"].call.remote("sync", meta["ref"][0]))])[0]
+
+        def put(k: int) -> list:
+            return [(n, a.handles[n].put.remote("weight_bucket", k, True)) for n in ranks]
+
+        count = self._buckets
+        sent = {"sync/bytes": 0, "sync/tensors": 0, "sync/buckets": count}
+        pending = put(0)
+        for k in range(count):
+            meta = a.gather(pending)[0]
+            load = a.handles["rollout"].call.remote("sync", meta["ref"][0], k == count - 1)
+            pending = put(k + 1) if k + 1 < count else []
+            version = a.gather([("rollout", load)])[0]
+            sent["sync/bytes"] += meta["bytes"]
+            sent["sync/tensors"] += meta["tensors"]
+            del meta  # the driver's reference: the store frees the bucket
+        self.last_sync = sent
+        return version
 
     def close(self) -> None:
         release(self.actors, self.owns_ray)

@@ -110,15 +110,17 @@ class RoleHost:
     def put(self, method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Call ``method`` and leave its (large) result in the object store, once.
 
-        Returns small metadata only: ``{"ref": [ObjectRef], "bytes": ..., "tensors": ...}``
-        (the ref sits in a list so the caller receives the reference, not the value).
+        ``method`` returns a dict of tensors (or their ``weight_sync.to_wire`` form). Returns
+        small metadata only: ``{"ref": [ObjectRef], "bytes": ..., "tensors": ...}`` (the ref
+        sits in a list so the caller receives the reference, not the value).
         """
         import ray
 
+        from posttrain.placement.weight_sync import wire_bytes
+
         value = getattr(self.role, method)(*args, **kwargs)
-        tensors = [v for v in value.values() if isinstance(v, torch.Tensor)]
-        size = sum(t.numel() * t.element_size() for t in tensors)
-        return {"ref": [ray.put(value)], "bytes": size, "tensors": len(tensors)}
+        sizes = [wire_bytes(v) for v in value.values()]
+        return {"ref": [ray.put(value)], "bytes": sum(sizes), "tensors": len(sizes)}
 
 
 # One class per role, so process titles (``ray::PolicyHost``) and Ray's actor table name it.

@@ -21,9 +21,15 @@ from posttrain.config.build import needs_reference, objective_context
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.model.loading import load_policy
-from posttrain.model.lora import AdapterFreeReference, apply_lora, is_lora, merged_state
+from posttrain.model.lora import AdapterFreeReference, apply_lora
 from posttrain.model.protocol import model_capabilities, require_trainable
 from posttrain.placement.device import rollout_dtype
+from posttrain.placement.weight_sync import (
+    WeightSink,
+    WeightSource,
+    adapted_modules,
+    bucket_bytes,
+)
 from posttrain.reward import RewardStage
 from posttrain.reward.stage import RewardResult, RowScores
 from posttrain.rollout import GraphRolloutEngine, Rollout, TorchRolloutEngine
@@ -90,6 +96,7 @@ class PolicyRole:
         self.checkpoints = CheckpointManager(
             Path(run_dir) / "checkpoints", keep_last=cfg.checkpoint.keep_last
         )
+        self._source: WeightSource | None = None
 
     def resume(self) -> ResumeState | None:
         return self.checkpoints.resume(
@@ -102,20 +109,23 @@ class PolicyRole:
         )
         return self.trainer.merge(rows)
 
-    def weights(self) -> dict[str, Tensor]:
-        """The policy's weights for sync, as CPU tensors (they travel between processes).
+    def sync_buckets(self) -> int:
+        """How many :meth:`weight_bucket` calls one weight sync takes."""
+        return len(self._weights().buckets)
 
-        Tied tensors (e.g. input and output embeddings) appear once; the receiving
-        :meth:`RolloutRole.sync` restores the keys its own model ties. A LoRA policy sends its
-        adapters merged into full weights under the plain model's names. A sharded policy
-        gathers them (every rank must call this; rank 0 returns them, the others ``{}``).
-        """
-        if self.trainer.sharded:
-            from posttrain.trainer.dcp import gathered_weights
+    def weight_bucket(self, k: int, wire: bool = False) -> dict[str, Any]:
+        """Bucket ``k`` of a weight sync, as CPU tensors (``wire``: numpy views of them, which
+        the object store takes without a copy): every weight under the plain model's names,
+        tied tensors once; with LoRA only the adapters (``placement/weight_sync.py``). A sharded
+        policy gathers the bucket (every rank must call this; rank 0 returns it, the others
+        ``{}``)."""
+        return self._weights().bucket(k, wire)
 
-            return untie(gathered_weights(self.model))
-        state = merged_state(self.model) if is_lora(self.model) else self.model.state_dict()
-        return {k: v.detach().cpu() for k, v in untie(state).items()}
+    def _weights(self) -> WeightSource:
+        if self._source is None:
+            limit = bucket_bytes(self.config.placement.sync_bucket_mb)
+            self._source = WeightSource(self.model, limit)
+        return self._source
 
     def save(self, step: int, data_state: Mapping[str, Any]) -> str:
         path = self.checkpoints.save(
@@ -130,7 +140,10 @@ class RolloutRole:
     weight sync then copies nothing); otherwise it loads its own copy from the config.
 
     An own copy has ``rollout.dtype`` (float32 on the CPU by default, like the policy's master
-    weights, so both placements draw the same tokens for the same seed; bfloat16 on CUDA).
+    weights, so both placements draw the same tokens for the same seed; bfloat16 on CUDA) and
+    receives the policy's weights bucket by bucket (``placement/weight_sync.py``); with LoRA it
+    keeps a float32 copy of the adapted base weights, onto which it merges the adapters it
+    receives.
     """
 
     def __init__(
@@ -140,7 +153,8 @@ class RolloutRole:
         device: str | None = None,
     ) -> None:
         self.config = cfg = config
-        if model is None:
+        own = model is None
+        if own:
             dtype = rollout_dtype(cfg.rollout.dtype, device)
             model, tokenizer = load_policy(
                 cfg.model.name_or_path, cfg.model.tokenizer_path, dtype, device
@@ -150,6 +164,11 @@ class RolloutRole:
         self.tokenizer = tokenizer
         engine_cls = GraphRolloutEngine if cfg.rollout.engine == "static" else TorchRolloutEngine
         self.engine = engine_cls(model, tokenizer)
+        self.sink: WeightSink | None = None
+        if own:
+            m = cfg.model
+            base = _adapted_base(cfg, model, dtype, device) if m.lora_rank else None
+            self.sink = WeightSink(self.engine, base, m.lora_alpha / max(m.lora_rank, 1))
 
     def generate(
         self,
@@ -172,10 +191,15 @@ class RolloutRole:
             return out
         return dataclasses.replace(out, batch=out.batch.to("cpu"), truncated=out.truncated.cpu())
 
-    def sync(self, weights: nn.Module | Mapping[str, Tensor]) -> int:
-        if not isinstance(weights, nn.Module):
-            weights = with_tied_keys(self.engine.model, weights)
-        self.engine.sync_weights(weights)
+    def sync(self, weights: nn.Module | Mapping[str, Any], final: bool = True) -> int:
+        """Take the policy module itself (in-process sharing), or one bucket of a sync
+        (``final`` for the last); returns the engine's weight version."""
+        if isinstance(weights, nn.Module):
+            self.engine.sync_weights(weights)
+        elif self.sink is None:
+            raise ValueError("a rollout that shares the policy module receives no weights")
+        else:
+            self.sink.receive(weights, final)
         return self.engine.weight_version
 
 
@@ -223,41 +247,14 @@ class RewardRole:
         return self.stage.metrics_of(scores), scores
 
 
-def _view_id(t: Tensor) -> tuple | None:
-    """Identity of the memory a tensor views (None for empty tensors, which share nothing)."""
-    if t.numel() == 0:
-        return None
-    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
-
-
-def untied_state(model: nn.Module) -> dict[str, Tensor]:
-    """``model.state_dict()`` with every tensor that another key already views left out."""
-    return untie(model.state_dict())
-
-
-def untie(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """``state`` with every tensor that another key already views left out."""
-    out, seen = {}, set()
-    for key, value in state.items():
-        vid = _view_id(value)
-        if vid is None or vid not in seen:
-            out[key] = value
-            seen.add(vid)
-    return out
-
-
-def with_tied_keys(model: nn.Module, weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Complete ``weights`` (from :func:`untied_state`) with the keys ``model`` ties to others."""
-    out = dict(weights)
-    first: dict[tuple, str] = {}
-    for key, value in model.state_dict().items():
-        vid = _view_id(value)
-        if vid is None:
-            continue
-        source = first.setdefault(vid, key)
-        if key not in out and source in out:
-            out[key] = out[source]
-    return out
+def _adapted_base(cfg: PosttrainConfig, model: nn.Module, dtype: str, device) -> dict[str, Tensor]:
+    """The float32 weight of every module LoRA adapts, as loaded: what the rollout merges the
+    policy's adapters onto (a float32 load of its own when the rollout runs in another dtype)."""
+    source = model
+    if dtype != "float32":
+        source, _ = load_policy(cfg.model.name_or_path, None, "float32", device)
+    names = adapted_modules(source, cfg.model.lora_target_modules)
+    return {n: source.get_submodule(n).weight.detach().clone() for n in names}
 
 
 def _load_tokenizer(cfg: PosttrainConfig):

@@ -61,8 +61,9 @@ class RolloutEngine(Protocol):
     given, else ``group_id_offset + i``; sample ids are ``sample_id_offset + row``.
 
     ``sync_weights`` brings the engine's weights up to date with the policy after an update:
-    pass the policy module or a state dict. An engine that samples with the policy module
-    itself has nothing to copy.
+    pass the policy module, a state dict, or a sync's buckets one call each (``final=False``
+    for all but the last). An engine that samples with the policy module itself has nothing to
+    copy.
     """
 
     def generate(
@@ -80,4 +81,6 @@ class RolloutEngine(Protocol):
         sample_id_offset: int = 0,
     ) -> Rollout: ...
 
-    def sync_weights(self, source: nn.Module | Mapping[str, Tensor]) -> None: ...
+    def sync_weights(
+        self, source: nn.Module | Mapping[str, Tensor], *, final: bool = True
+    ) -> None: ...

@@ -6,7 +6,7 @@ buffers. Rows are never compacted: a finished
 row keeps its slot and its outputs are masked on the device, so the host reads nothing per token
 and only checks every ``check_every`` tokens whether all rows are done. On CUDA each
 (rows, context bucket) step is captured once as a CUDA graph and replayed; weights are updated
-in place (``load_state_dict`` copies into the same storage), so captured graphs stay valid.
+in place (``sync_weights`` copies into the same storage), so captured graphs stay valid.
 On the CPU the same steps run eagerly — that is the path the CPU tests check against a full
 recompute.
 

@@ -106,16 +106,35 @@ class TorchRolloutEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def sync_weights(self, source: nn.Module | Mapping[str, Tensor]) -> None:
-        """Take the policy's weights after an update (a module or its state dict).
+    def sync_weights(self, source: nn.Module | Mapping[str, Tensor], *, final: bool = True) -> None:
+        """Take the policy's weights after an update: a module, or tensors by name.
 
-        The engine's module is the policy module: nothing to copy. Otherwise the weights are
-        copied with a strict ``load_state_dict`` (names must match, e.g. no ``module.`` prefix).
+        The engine's module is the policy module: nothing to copy. Another module is loaded
+        with a strict ``load_state_dict``. A mapping may hold part of the weights (one bucket of
+        a sync, or only the layers that changed): each tensor is copied into the parameter of
+        that name in place (same storage, so captured CUDA graphs stay valid), with the same
+        ``copy_`` a ``load_state_dict`` runs; names and shapes must match. ``final=False`` marks
+        a bucket that more buckets of the same sync follow: the weight version moves on once,
+        with the last.
         """
-        if source is not self.model:
-            state = source.state_dict() if isinstance(source, nn.Module) else source
-            self.model.load_state_dict(state, strict=True)
-        self.weight_version += 1
+        if isinstance(source, nn.Module):
+            if source is not self.model:
+                self.model.load_state_dict(source.state_dict(), strict=True)
+        else:
+            targets = self.model.state_dict()
+            for name, value in source.items():
+                target = targets.get(name)
+                if target is None or target.shape != value.shape:
+                    have = "no such weight" if target is None else f"shape {tuple(target.shape)}"
+                    raise ValueError(
+                        f"sync_weights: {name!r} {tuple(value.shape)} does not fit the engine's "
+                        f"model ({have}); send the policy's weights under the model's own names"
+                    )
+            with torch.no_grad():
+                for name, value in source.items():
+                    targets[name].copy_(value)
+        if final:
+            self.weight_version += 1
 
     def generate(
         self,

@@ -151,3 +151,16 @@ def shard_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str,
         "grads": sum(size(p.grad) for p in params if p.grad is not None),
         "optimizer": sum(size(v) for v in state if v.ndim > 0),
     }
+
+
+@torch.no_grad()
+def gather_to_rank0(t: Tensor) -> Tensor | None:
+    """The whole of ``t`` on the CPU on rank 0, ``None`` on the other ranks.
+
+    A DTensor is all-gathered (a collective: every rank calls this for the same tensors in the
+    same order); each rank then holds the full tensor only until it returns, so a weight sync
+    that gathers one bucket at a time never holds more than that bucket beyond its shards. A
+    plain tensor is this rank's own: on the CPU it is returned as it is (a view, no copy).
+    """
+    full = t.full_tensor() if isinstance(t, DTensor) else t
+    return full.detach().cpu() if dp.rank() == 0 else None
