@@ -80,3 +80,27 @@ def chat_template_available(cfg: PosttrainConfig) -> str | None:
 
 
 RULES = (reward_functions_load, chat_template_available)
+
+
+@error("env.name", "env.tools", "rollout.engine")
+def environment_loads(cfg: PosttrainConfig) -> str | None:
+    """env.name imports (working directory first) and builds an environment with reset and step;
+    env.tools is given exactly when env.name=tools; multi-turn sampling needs the torch engine
+    (it continues each trajectory from its KV cache)."""
+    env = cfg.env
+    if env.name and cfg.rollout.engine != "torch":
+        return (
+            f"env.name={env.name} needs rollout.engine=torch (multi-turn continuation is built "
+            f"there), got rollout.engine={cfg.rollout.engine}"
+        )
+    if not env.name:
+        return (
+            "env.tools is read only with env.name=tools; set env.name=tools" if env.tools else None
+        )
+    from posttrain.env.base import EnvironmentSpecError, check_environment
+
+    try:
+        check_environment(env.name, env.tools)
+    except EnvironmentSpecError as e:
+        return str(e)
+    return None

@@ -1,0 +1,197 @@
+"""Multi-turn GRPO: KV-continued sampling, the policy-token mask in the loss, and the run."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from multiturn_fixtures import build_tools_model
+
+from posttrain.algorithm.grpo import make_objective
+from posttrain.config import PosttrainConfig
+from posttrain.data.logprobs import response_logprobs
+from posttrain.data.prefix import use_shared_prefix
+from posttrain.data.tasks import TaskItem
+from posttrain.env.chat_template import build_tools_tokenizer
+from posttrain.env.episode import EpisodeBatch, EpisodeLimits
+from posttrain.env.render import decode, encode
+from posttrain.env.tools import calculator_environment
+from posttrain.model.loading import load_policy
+from posttrain.placement.roles import RewardRole, RolloutRole
+from posttrain.rollout.multiturn import env_metrics, episodes_rollout, multiturn_rollout
+from posttrain.testing import check_objective
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_tools_model(tmp_path_factory.mktemp("tools") / "model")
+
+
+def _config(model_dir: Path, **env) -> PosttrainConfig:
+    env = {"name": "multiturn_fixtures:chatty", "max_turns": 3, "max_context": 120, **env}
+    return PosttrainConfig(
+        model={"name_or_path": str(model_dir)}, rollout={"max_tokens": 6, "n": 2}, env=env
+    )
+
+
+def _rollout(model_dir: Path, seed: int = 0, **env):
+    cfg = _config(model_dir, **env)
+    model, tok = load_policy(str(model_dir), None, "float32", "cpu")
+    roles = SimpleNamespace(reward=RewardRole(cfg), rollout=RolloutRole(cfg, model=model))
+    items = [TaskItem(f"{a}+{a + 1}=", str(2 * a + 1)) for a in range(4)]
+    fed: list[int] = []
+    engine = roles.rollout.engine
+    forward = engine._forward
+
+    def counting(ids, mask, pos, cache):  # ids each forward feeds (mask 1 in its new columns)
+        fed.append(int(mask[:, -ids.shape[1] :].sum()))
+        return forward(ids, mask, pos, cache)
+
+    engine._forward = counting
+    out = multiturn_rollout(
+        roles, items, tok, n=2, temperature=1.0, top_p=1.0, seed=seed, group_id_offset=0
+    )
+    return model, tok, out, sum(fed)
+
+
+@pytest.fixture(scope="module")
+def sampled(model_dir):
+    return _rollout(model_dir)
+
+
+def test_policy_logprobs_equal_a_full_sequence_recompute(sampled) -> None:
+    model, _, rollout, fed = sampled
+    b = rollout.batch
+    turns = b.columns["env_turns"]
+    assert turns.max() >= 2 and len(set(turns.tolist())) > 1  # multi-turn, ending at different turns
+    env_tokens = b.attention_mask[:, b.prompt_width :].sum() - b.response_mask.sum()
+    assert env_tokens > 0
+    worst = 0.0
+    with torch.no_grad():
+        for i in range(len(b)):  # one unpadded forward per trajectory
+            row = b.input_ids[i][b.attention_mask[i].bool()]
+            logp = torch.log_softmax(model(row[None]).logits[0].double(), -1)
+            p = int(b.attention_mask[i, : b.prompt_width].sum())
+            at = b.response_mask[i].nonzero().squeeze(1)
+            full = logp[p + at - 1].gather(1, row[p + at][:, None]).squeeze(1)
+            worst = max(worst, float((full - b.rollout_logprobs[i, at].double()).abs().max()))
+        assert worst <= 1e-6
+        # the trainer's padded forward, with and without prompt sharing, reads the same values
+        m = b.response_mask
+        for mode in ("off", "on"):
+            with use_shared_prefix(mode):
+                trained = response_logprobs(model, b)
+            assert (trained[m] - b.rollout_logprobs[m]).abs().max() <= 1e-6
+    # every id of every trajectory was fed to the model exactly once (the last sampled one never)
+    total = int(b.attention_mask.sum())
+    assert fed == total - len(b)
+
+
+def _with_advantages(batch):
+    g = torch.Generator().manual_seed(0)
+    return batch.replace(advantages=torch.randn(len(batch), generator=g, dtype=torch.float32))
+
+
+def _objective(**rl):
+    cfg = PosttrainConfig()
+    for k, v in rl.items():
+        setattr(cfg.rl, k, v)
+    return cfg.rl
+
+
+@pytest.mark.parametrize("knobs", [{}, {"kl_beta": 0.1, "entropy_coef": 0.01}])
+def test_loss_gradient_on_environment_tokens_is_exactly_zero(sampled, knobs) -> None:
+    model, _, rollout, _ = sampled
+    model.zero_grad(set_to_none=True)
+    batch = _with_advantages(rollout.batch)
+    ctx = SimpleNamespace(max_response_length=6, reference_model=copy.deepcopy(model).eval())
+    objective = make_objective(_objective(**knobs), ctx)
+    kept = []
+
+    def keep(module, inputs, out) -> None:
+        out.retain_grad()
+        kept.append(out)
+
+    objective.old_logp_cache.follow_policy(batch)  # on-policy: π_old is the current policy
+    hook = model.lm_head.register_forward_hook(keep)
+    try:
+        with use_shared_prefix("off"):  # one head call, over every response position
+            loss, _ = objective.fn(model, batch)
+        loss.backward()
+    finally:
+        hook.remove()
+    grad = kept[-1].grad[:, :-1]  # row t predicts response token t
+    env = ~batch.response_mask
+    assert grad[env].abs().max() == 0.0  # exactly: environment tokens are context only
+    assert grad[batch.response_mask].abs().max() > 0
+
+
+def test_multiturn_objective_is_split_invariant(sampled) -> None:
+    model, _, rollout, _ = sampled
+    batch = _with_advantages(rollout.batch)
+    objective = make_objective(_objective(), SimpleNamespace(max_response_length=6))
+    check_objective(objective, model, batch, splits=(2, 3, 8))
+
+
+def test_sampled_ids_are_trained_as_sampled_never_retokenised() -> None:
+    """The policy spells ``<tool_call>`` one character id at a time; re-encoding its text
+    would merge those into one marker id. The batch holds the sampled ids."""
+    tok = build_tools_tokenizer()
+    text = '<tool_call>{"name": "calculator", "arguments": {"expression": "12+7"}}</tool_call>'
+    sampled = [tok.convert_tokens_to_ids(c) for c in text] + [tok.eos_token_id]
+    assert encode(tok, decode(tok, sampled)) != sampled  # re-tokenising would change them
+    answer = [tok.convert_tokens_to_ids(c) for c in "19"] + [tok.eos_token_id]
+    limits = EpisodeLimits(max_turns=3, max_turn_tokens=200, max_context=400)
+    eps = EpisodeBatch([{"prompt": "12+7?"}], calculator_environment, tok, limits)
+    for turn in (sampled, answer):
+        assert eps.requests()
+        eps.advance([turn])
+    assert not eps.requests()
+    (ep,) = eps.episodes()
+    lps = {0: [-0.5] * (len(sampled) + len(answer))}
+    rollout = episodes_rollout([ep], lps, tok, 1, torch.zeros(1, dtype=torch.int64))
+    b = rollout.batch
+    assert b.response_ids[0][b.response_mask[0]].tolist() == sampled + answer
+    assert b.columns["env_tool_calls"].tolist() == [1.0] and rollout.texts == ("19",)
+    metrics = env_metrics(b)
+    assert metrics["env/turns_mean"] == 2 and metrics["env/tool_errors_mean"] == 0
+    assert metrics["env/env_tokens_mean"] > 0
+    assert metrics["env/policy_tokens_mean"] == len(sampled) + len(answer)
+
+
+def _run(tmp: Path, model_dir: Path, name: str, **extra):
+    from posttrain.config import load_config
+    from posttrain.config.build import build_objective
+    from posttrain.entrypoints import grpo
+
+    opts = {
+        "job.name": name, "job.output_root": str(tmp / "out"), "model.name_or_path": str(model_dir),
+        "data.train_size": 16, "data.val_size": 4, "data.prompts_per_step": 2, "rollout.n": 4,
+        "rollout.max_tokens": 6, "rl.max_steps": 2, "rl.save_every": 2, "rl.eval_every": 2,
+        "rl.micro_batch_size": 8, "logging.progress": False, "env.name": "multiturn_fixtures:chatty",
+        "env.max_turns": 3, "env.max_context": 120,
+        "reward.functions": "[multiturn_fixtures:length_reward]", **extra,
+    }  # fmt: skip
+    opts = [f"{k}={v}" for k, v in opts.items()]
+    config = load_config("arithmetic", ["--", *opts])
+    summary = grpo.run(config, "arithmetic", opts, grpo.default_out_dir(config), build_objective)
+    rows = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(r) for r in rows]
+
+
+def test_multiturn_grpo_run_logs_env_metrics_and_is_split_invariant(tmp_path, model_dir) -> None:
+    whole = _run(tmp_path, model_dir, "mt-whole")
+    split = _run(tmp_path, model_dir, "mt-split", **{"rl.micro_batch_size": 1})
+    steps = [r for r in whole if "train/loss" in r]
+    assert len(steps) == 2 and steps[0]["train/loss"] != 0.0
+    for key in ("turns_mean", "tool_calls_mean", "policy_tokens_mean", "env_tokens_mean",
+                "truncated_max_turns_frac", "truncated_turn_tokens_frac"):  # fmt: skip
+        assert f"train/env/{key}" in steps[0] and f"val/env/{key}" in whole[-1]
+    assert steps[0]["train/env/env_tokens_mean"] > 0
+    for a, b in zip(steps, [r for r in split if "train/loss" in r], strict=True):
+        assert a["train/env/turns_mean"] == b["train/env/turns_mean"]  # same samples
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5, abs=1e-7)
