@@ -67,7 +67,8 @@ def test_policy_logprobs_equal_a_full_sequence_recompute(sampled) -> None:
     model, _, rollout, fed = sampled
     b = rollout.batch
     turns = b.columns["env_turns"]
-    assert turns.max() >= 2 and len(set(turns.tolist())) > 1  # multi-turn, ending at different turns
+    # multi-turn, ending at different turns
+    assert turns.max() >= 2 and len(set(turns.tolist())) > 1
     env_tokens = b.attention_mask[:, b.prompt_width :].sum() - b.response_mask.sum()
     assert env_tokens > 0
     worst = 0.0

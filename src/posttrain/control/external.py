@@ -79,9 +79,6 @@ def chat_template_available(cfg: PosttrainConfig) -> str | None:
     )
 
 
-RULES = (reward_functions_load, chat_template_available)
-
-
 @error("env.name", "env.tools", "rollout.engine")
 def environment_loads(cfg: PosttrainConfig) -> str | None:
     """env.name imports (working directory first) and builds an environment with reset and step;
@@ -104,3 +101,6 @@ def environment_loads(cfg: PosttrainConfig) -> str | None:
     except EnvironmentSpecError as e:
         return str(e)
     return None
+
+
+RULES = (reward_functions_load, chat_template_available, environment_loads)
