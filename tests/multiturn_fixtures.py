@@ -59,3 +59,19 @@ def chatty() -> Chatty:
 def length_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
     """A reward that varies within a group (so advantages, and the loss, are not zero)."""
     return float(len(completion) % 3)
+
+
+class PidChatty(Chatty):
+    """:class:`Chatty` that notes the process it runs in (``MT_PID_DIR``), once per episode."""
+
+    def reset(self, item):
+        import os
+
+        where = os.environ.get("MT_PID_DIR")
+        if where:
+            (Path(where) / f"{os.getpid()}").write_text("env")
+        return super().reset(item)
+
+
+def pid_chatty() -> PidChatty:
+    return PidChatty()
