@@ -75,3 +75,12 @@ class PidChatty(Chatty):
 
 def pid_chatty() -> PidChatty:
     return PidChatty()
+
+
+class Rewarding(Chatty):
+    def step(self, messages):
+        return EnvStep(done=True, reward=1.0)
+
+
+def rewarding() -> Rewarding:
+    return Rewarding()

@@ -196,3 +196,10 @@ def test_multiturn_grpo_run_logs_env_metrics_and_is_split_invariant(tmp_path, mo
     for a, b in zip(steps, [r for r in split if "train/loss" in r], strict=True):
         assert a["train/env/turns_mean"] == b["train/env/turns_mean"]  # same samples
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5, abs=1e-7)
+
+
+def test_environment_rewards_are_refused_not_dropped(model_dir) -> None:
+    from posttrain.env import EnvironmentFailedError
+
+    with pytest.raises(EnvironmentFailedError, match="gave a reward, which training does not"):
+        _rollout(model_dir, name="multiturn_fixtures:rewarding")
