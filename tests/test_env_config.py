@@ -61,10 +61,16 @@ def test_preflight_accepts_builtin_and_tools_environments() -> None:
         run_preflight(PosttrainConfig(env=env))
 
 
-def test_the_static_engine_is_refused_with_an_environment() -> None:
-    cfg = PosttrainConfig(env={"name": "calculator"}, rollout={"engine": "static"})
-    with pytest.raises(PreflightError, match="needs rollout.engine=torch"):
+@pytest.mark.parametrize(
+    ("section", "line"),
+    [({"rollout": {"engine": "static"}}, "env.name=calculator needs rollout.engine=torch"),
+     ({"reward": {"overlong_buffer": 4}}, "set reward.overlong_buffer=0 (env.max_context")],
+)  # fmt: skip
+def test_settings_without_a_multiturn_meaning_are_refused(section, line) -> None:
+    cfg = PosttrainConfig(env={"name": "calculator"}, **section)
+    with pytest.raises(PreflightError) as e:
         run_preflight(cfg)
+    assert line in str(e.value) and "\n" not in str(e.value)
 
 
 def test_cli_names_a_missing_environment_in_one_line(tmp_path) -> None:

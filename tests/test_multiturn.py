@@ -203,3 +203,37 @@ def test_environment_rewards_are_refused_not_dropped(model_dir) -> None:
 
     with pytest.raises(EnvironmentFailedError, match="gave a reward, which training does not"):
         _rollout(model_dir, name="multiturn_fixtures:rewarding")
+
+
+def _comparable(rows: list[dict]) -> list[tuple]:
+    keys = ("train/loss", "train/env/turns_mean", "train/env/env_tokens_mean", "val/accuracy")
+    return [(r["step"], *(r.get(k) for k in keys)) for r in rows]
+
+
+def test_kill_9_mid_run_then_resume_matches_the_straight_multiturn_run(tmp_path, model_dir) -> None:
+    import os
+    import signal
+
+    import posttrain.trainer.checkpoint as checkpoint_module
+
+    knobs = {"rl.max_steps": 3, "rl.save_every": 1, "rl.eval_every": 3}
+    straight = _comparable(_run(tmp_path / "a", model_dir, "mt-resume", **knobs))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child is killed (or exits) before returning
+        try:
+            torch.set_num_threads(1)
+            real = checkpoint_module.write_manifest
+
+            def die_at_2(d, step):
+                if step == 2:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                real(d, step)
+
+            checkpoint_module.write_manifest = die_at_2
+            _run(tmp_path / "b", model_dir, "mt-resume", **knobs)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+    resumed = _comparable(_run(tmp_path / "b", model_dir, "mt-resume", **knobs))
+    assert resumed == straight and len(straight) == 4  # steps 0 (eval) to 3
