@@ -84,3 +84,9 @@ class Rewarding(Chatty):
 
 def rewarding() -> Rewarding:
     return Rewarding()
+
+
+def some_groups_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
+    """:func:`length_reward` on about half the prompts, 0 on the rest: uninformative groups, so
+    dynamic sampling samples more rounds."""
+    return length_reward(prompt, completion, answer, meta) if len(answer) % 2 else 0.0

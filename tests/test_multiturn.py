@@ -237,3 +237,22 @@ def test_kill_9_mid_run_then_resume_matches_the_straight_multiturn_run(tmp_path,
     assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
     resumed = _comparable(_run(tmp_path / "b", model_dir, "mt-resume", **knobs))
     assert resumed == straight and len(straight) == 4  # steps 0 (eval) to 3
+
+
+def test_max_context_beyond_the_model_positions_is_one_line(model_dir) -> None:
+    from posttrain.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        RewardRole(_config(model_dir, max_context=4096))
+    assert str(e.value) == (
+        f"env.max_context=4096 exceeds the 512 positions of the model at {model_dir}; lower "
+        "env.max_context to at most 512"
+    )
+
+
+def test_dynamic_sampling_keeps_multiturn_rows_and_columns_aligned(tmp_path, model_dir) -> None:
+    knobs = {"rl.dynamic_sampling": "true", "rl.max_sampling_rounds": 4,
+             "reward.functions": "[multiturn_fixtures:some_groups_reward]"}  # fmt: skip
+    steps = [r for r in _run(tmp_path, model_dir, "mt-dyn", **knobs) if "train/loss" in r]
+    assert len(steps) == 2 and all("train/env/turns_mean" in r for r in steps)
+    assert max(r["train/sampling/rounds"] for r in steps) > 1  # rounds were concatenated

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from posttrain.config import PosttrainConfig
+from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.data.tasks import TaskItem
 from posttrain.env.base import (
     EnvironmentFailedError,
@@ -28,6 +28,19 @@ def env_item(item: TaskItem) -> dict[str, Any]:
     return {**item.meta, "prompt": item.prompt, "answer": item.answer}
 
 
+def _check_context(config: PosttrainConfig) -> None:
+    """``env.max_context`` must fit the model's positions (one line naming both otherwise)."""
+    from transformers import AutoConfig
+
+    model = AutoConfig.from_pretrained(config.model.name_or_path, local_files_only=True)
+    limit = getattr(model.get_text_config(), "max_position_embeddings", None)
+    if limit is not None and config.env.max_context > int(limit):
+        raise ConfigError(
+            f"env.max_context={config.env.max_context} exceeds the {limit} positions of the "
+            f"model at {config.model.name_or_path}; lower env.max_context to at most {limit}"
+        )
+
+
 class EpisodeHost:
     """Loads ``env.name`` once, checks the chat template against it, and runs the episodes of
     one rollout at a time (:class:`~posttrain.env.episode.EpisodeBatch`)."""
@@ -35,6 +48,7 @@ class EpisodeHost:
     def __init__(self, config: PosttrainConfig, tokenizer: Any) -> None:
         env = config.env
         self.tokenizer = tokenizer
+        _check_context(config)
         self.factory = load_environment(env.name, env.tools)
         probe = make_environment(self.factory, env.name)
         check_template(tokenizer, environment_tools(probe))
