@@ -12,6 +12,7 @@ import torch
 from multiturn_fixtures import build_tools_model
 
 from posttrain.algorithm.grpo import make_objective
+from posttrain.algorithm.primitives.objective import OBJECTIVE_WEIGHT_SUM
 from posttrain.config import PosttrainConfig
 from posttrain.data.logprobs import response_logprobs
 from posttrain.data.prefix import use_shared_prefix
@@ -121,7 +122,7 @@ def test_loss_gradient_on_environment_tokens_is_exactly_zero(sampled, knobs) -> 
     hook = model.lm_head.register_forward_hook(keep)
     try:
         with use_shared_prefix("off"):  # one head call, over every response position
-            loss, _ = objective.fn(model, batch)
+            loss, metrics = objective.fn(model, batch)
         loss.backward()
     finally:
         hook.remove()
@@ -129,6 +130,9 @@ def test_loss_gradient_on_environment_tokens_is_exactly_zero(sampled, knobs) -> 
     env = ~batch.response_mask
     assert grad[env].abs().max() == 0.0  # exactly: environment tokens are context only
     assert grad[batch.response_mask].abs().max() > 0
+    # TOKEN_SUM's weight (token-mean: the tokens that carry loss) counts policy tokens only
+    attended = int(batch.attention_mask[:, batch.prompt_width :].sum())
+    assert float(metrics[OBJECTIVE_WEIGHT_SUM]) == int(batch.response_mask.sum()) < attended
 
 
 def test_multiturn_objective_is_split_invariant(sampled) -> None:
