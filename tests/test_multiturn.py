@@ -88,9 +88,12 @@ def test_policy_logprobs_equal_a_full_sequence_recompute(sampled) -> None:
             with use_shared_prefix(mode):
                 trained = response_logprobs(model, b)
             assert (trained[m] - b.rollout_logprobs[m]).abs().max() <= 1e-6
-    # every id of every trajectory was fed to the model exactly once (the last sampled one never)
-    total = int(b.attention_mask.sum())
-    assert fed == total - len(b)
+    # every id was fed to the model once (the last sampled one never), each distinct prompt once
+    p_ids, p_on = b.input_ids[:, : b.prompt_width], b.attention_mask[:, : b.prompt_width].bool()
+    prompts = {tuple(p_ids[i][p_on[i]].tolist()) for i in range(len(b))}
+    assert len(prompts) < len(b)  # n=2: the prompt of a group is shared
+    after = int(b.attention_mask[:, b.prompt_width :].sum())
+    assert fed == sum(len(p) for p in prompts) + after - len(b)
 
 
 def _with_advantages(batch):

@@ -88,16 +88,24 @@ class TurnSession:
         eng = self.engine
         self._select(requests)
         ids, block = self._blocks(requests)
-        if self.cache is None:
+        if self.cache is None:  # first turns: each distinct prompt is prefilled once
             self.cache = DynamicCache(config=eng.model.config)
             self.keys = [r.key for r in requests]
-            pos = position_ids_from_mask(block)
-            self.mask, self.next_pos = block, block.sum(-1)
+            index: dict[tuple[int, ...], int] = {}
+            which = [index.setdefault(tuple(r.new_ids), len(index)) for r in requests]
+            firsts = [which.index(g) for g in range(len(index))]
+            ids, block = ids[firsts], block[firsts]
+            logits = eng._forward(ids, block, position_ids_from_mask(block), self.cache)
+            rows_of = torch.as_tensor(which, device=ids.device)
+            if len(firsts) < len(requests):
+                self.cache.batch_select_indices(rows_of)
+            logits, self.mask = logits[rows_of], block[rows_of]
+            self.next_pos = self.mask.sum(-1)
         else:
             pos = self.next_pos[:, None] + (block.cumsum(-1) - 1).clamp(min=0)
             self.mask = torch.cat([self.mask, block], dim=1)
             self.next_pos = self.next_pos + block.sum(-1)
-        logits = eng._forward(ids, self.mask, pos, self.cache)
+            logits = eng._forward(ids, self.mask, pos, self.cache)
         budgets = torch.as_tensor([r.max_new_tokens for r in requests], device=ids.device)
         stop_ids = torch.as_tensor(eng.stop_token_ids, dtype=torch.long, device=ids.device)
         rows = len(requests)
