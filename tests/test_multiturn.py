@@ -263,3 +263,27 @@ def test_dynamic_sampling_keeps_multiturn_rows_and_columns_aligned(tmp_path, mod
     steps = [r for r in _run(tmp_path, model_dir, "mt-dyn", **knobs) if "train/loss" in r]
     assert len(steps) == 2 and all("train/env/turns_mean" in r for r in steps)
     assert max(r["train/sampling/rounds"] for r in steps) > 1  # rounds were concatenated
+
+
+def test_opd_trains_on_multiturn_trajectories(tmp_path, model_dir) -> None:
+    from posttrain.config import load_config
+    from posttrain.entrypoints import opd
+    from posttrain.run.records import default_out_dir
+
+    teacher = build_tools_model(tmp_path / "teacher", seed=1)
+    opts = {
+        "job.output_root": str(tmp_path / "out"), "model.name_or_path": str(model_dir),
+        "teacher.name_or_path": str(teacher), "data.train_size": 16, "data.val_size": 4,
+        "data.prompts_per_step": 2, "rollout.n": 4, "rollout.max_tokens": 6, "rl.max_steps": 2,
+        "rl.save_every": 2, "rl.eval_every": 2, "rl.micro_batch_size": 8,
+        "logging.progress": False, "env.name": "multiturn_fixtures:chatty", "env.max_turns": 3,
+        "env.max_context": 120,
+    }  # fmt: skip
+    opts = [f"{k}={v}" for k, v in opts.items()]
+    config = load_config("opd_arithmetic", ["--", *opts])
+    summary = opd.run(config, "opd_arithmetic", opts, default_out_dir(config))
+    rows = [
+        json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [r for r in rows if "train/opd/reverse_kl" in r]
+    assert len(steps) == 2 and all(r["train/env/env_tokens_mean"] > 0 for r in steps)
