@@ -287,3 +287,15 @@ def test_opd_trains_on_multiturn_trajectories(tmp_path, model_dir) -> None:
     ]
     steps = [r for r in rows if "train/opd/reverse_kl" in r]
     assert len(steps) == 2 and all(r["train/env/env_tokens_mean"] > 0 for r in steps)
+
+
+def test_a_tokenizer_without_a_usable_template_is_refused_when_the_reward_role_starts(
+    tmp_path,
+) -> None:
+    from posttrain.env import TemplateError
+    from posttrain.model.tiny import build_tiny_model
+
+    plain = build_tiny_model("tiny", tmp_path / "plain", seed=0)  # char tokenizer, no template
+    with pytest.raises(TemplateError) as e:
+        RewardRole(_config(plain, name="calculator", max_context=200))
+    assert "no chat template" in str(e.value) and "\n" not in str(e.value)
