@@ -38,6 +38,11 @@ _SPECIAL: dict[str, st.SearchStrategy] = {
     "reward.functions": st.lists(
         st.from_regex(r"[a-z_][a-z0-9_.]{0,6}:[a-z_][a-z0-9_]{0,6}", fullmatch=True), max_size=3
     ),
+    "env.name": st.sampled_from(["", "calculator", "tools"])
+    | st.from_regex(r"[a-z_][a-z0-9_.]{0,6}:[a-z_][a-z0-9_]{0,6}", fullmatch=True),
+    "env.tools": st.lists(
+        st.from_regex(r"[a-z_][a-z0-9_.]{0,6}:[a-z_][a-z0-9_]{0,6}", fullmatch=True), max_size=3
+    ),
     "rl.objective_builder": st.none()
     | st.from_regex(
         r"[a-z_][a-z0-9_]{0,6}(\.[a-z_][a-z0-9_]{0,4})?:[a-z_][a-z0-9_]{0,6}", fullmatch=True

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from posttrain.config.base import Section
 from posttrain.config.dpo import DPOConfig
+from posttrain.config.env import EnvConfig
 from posttrain.config.rl import RLConfig
 from posttrain.config.runtime import CheckpointConfig, LoggingConfig, PlacementConfig
 from posttrain.config.sections import (
@@ -29,6 +30,9 @@ class PosttrainConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Scoring.")
     rl: RLConfig = Field(default_factory=RLConfig, description="Objective and schedule.")
+    env: EnvConfig = Field(
+        default_factory=EnvConfig, description="Multi-turn environment (off by default)."
+    )
     teacher: TeacherConfig = Field(
         default_factory=TeacherConfig, description="Distillation teacher (OPD only)."
     )

@@ -79,4 +79,35 @@ def chat_template_available(cfg: PosttrainConfig) -> str | None:
     )
 
 
-RULES = (reward_functions_load, chat_template_available)
+@error("env.name", "env.tools", "rollout.engine", "reward.overlong_buffer")
+def environment_loads(cfg: PosttrainConfig) -> str | None:
+    """env.name imports (working directory first) and builds an environment with reset and step;
+    env.tools is given exactly when env.name=tools; multi-turn sampling needs the torch engine
+    (it continues each trajectory from its KV cache); the overlong ramp has no trajectory bound
+    to ramp to."""
+    env = cfg.env
+    if env.name and cfg.reward.overlong_buffer:
+        return (
+            f"reward.overlong_buffer={cfg.reward.overlong_buffer} ramps over the last tokens "
+            "before rollout.max_tokens, which bounds one turn of an env.name run, not the "
+            "trajectory; set reward.overlong_buffer=0 (env.max_context bounds the trajectory)"
+        )
+    if env.name and cfg.rollout.engine != "torch":
+        return (
+            f"env.name={env.name} needs rollout.engine=torch (multi-turn continuation is built "
+            f"there), got rollout.engine={cfg.rollout.engine}"
+        )
+    if not env.name:
+        return (
+            "env.tools is read only with env.name=tools; set env.name=tools" if env.tools else None
+        )
+    from posttrain.env.base import EnvironmentSpecError, check_environment
+
+    try:
+        check_environment(env.name, env.tools)
+    except EnvironmentSpecError as e:
+        return str(e)
+    return None
+
+
+RULES = (reward_functions_load, chat_template_available, environment_loads)

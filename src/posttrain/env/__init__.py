@@ -2,9 +2,10 @@
 
 :mod:`~posttrain.env.base` is the interface (``reset``/``step``, named ``module:function``),
 :mod:`~posttrain.env.tools` the built-in tools environment and ``calculator``,
-:mod:`~posttrain.env.render` the token-in-token-out rendering rule and the policy mask, and
-:mod:`~posttrain.env.episode` the engine-agnostic multi-turn driver. Not yet wired into the
-training loop: the run session and the declared roles come first.
+:mod:`~posttrain.env.render` the token-in-token-out rendering rule and the policy mask,
+:mod:`~posttrain.env.episode` the engine-agnostic multi-turn driver, and
+:mod:`~posttrain.env.host` the reward role's side of a training rollout (``env.name``;
+:mod:`posttrain.rollout.multiturn` drives it).
 """
 
 from posttrain.env.base import (
@@ -17,7 +18,14 @@ from posttrain.env.base import (
     load_environment,
     make_environment,
 )
-from posttrain.env.episode import Episode, EpisodeLimits, TurnRequest, episode_metrics, run_episodes
+from posttrain.env.episode import (
+    Episode,
+    EpisodeBatch,
+    EpisodeLimits,
+    TurnRequest,
+    episode_metrics,
+    run_episodes,
+)
 from posttrain.env.render import TemplateError, TokenTrajectory, check_template, observation_segment
 
 __all__ = [
@@ -27,6 +35,7 @@ __all__ = [
     "EnvironmentFailedError",
     "EnvironmentSpecError",
     "Episode",
+    "EpisodeBatch",
     "EpisodeLimits",
     "TemplateError",
     "TokenTrajectory",

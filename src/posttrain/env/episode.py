@@ -179,6 +179,66 @@ def _take_turn(
     s.prompt_text, s.pending = seg.prompt_text, seg.ids
 
 
+class EpisodeBatch:
+    """The episodes of one rollout, advanced one batched turn at a time (the environment's side).
+
+    Split from the engine so that each side can live in its own process: :meth:`requests` gives
+    the live trajectories' next turns, :meth:`advance` takes the sampled ids and lets each
+    environment answer. ``stop_ids`` default to the tokenizer's EOS id; the template must close
+    an assistant turn with the stop token's text (:func:`posttrain.env.render.check_template`).
+    """
+
+    def __init__(
+        self,
+        items: Sequence[dict[str, Any]],
+        make_env: Callable[[], Environment],
+        tokenizer: Any,
+        limits: EpisodeLimits,
+        stop_ids: Sequence[int] | None = None,
+        name: str = "environment",
+    ) -> None:
+        self.tokenizer, self.limits, self.name = tokenizer, limits, name
+        self.stops = frozenset(stop_ids if stop_ids is not None else [tokenizer.eos_token_id])
+        self.states: list[_State] = []
+        for i, item in enumerate(items):
+            where = f"{name} on item {i}"
+            env = _call_env(make_env, f"{where} factory")
+            self.states.append(_open(env, item, tokenizer, where))
+        for s in self.states:
+            if len(s.traj.ids) >= limits.max_context:
+                s.finish("context")
+        self._budgets: dict[int, int] = {}
+
+    def requests(self) -> list[TurnRequest]:
+        """The next turn of every live trajectory (empty once all have finished)."""
+        lim, out = self.limits, []
+        self._budgets = {}
+        for i, s in enumerate(self.states):
+            if s.finished:
+                continue
+            budget = min(lim.max_turn_tokens, lim.max_context - len(s.traj.ids))
+            self._budgets[i] = budget
+            out.append(TurnRequest(i, list(s.pending), list(s.traj.ids), budget))
+        return out
+
+    def advance(self, outs: Sequence[Sequence[int]]) -> list[int]:
+        """Append the turns sampled for the last :meth:`requests`; the keys that finished."""
+        live = list(self._budgets)
+        if len(outs) != len(live):
+            raise ValueError(f"generate answered {len(outs)} turns for {len(live)} requests")
+        for i, out in zip(live, outs, strict=True):
+            budget = self._budgets[i]
+            _take_turn(
+                self.states[i], out, budget, budget < self.limits.max_turn_tokens,
+                self.tokenizer, self.stops, self.limits, f"{self.name} on item {i}",
+            )  # fmt: skip
+        self._budgets = {}
+        return [i for i in live if self.states[i].finished]
+
+    def episodes(self) -> list[Episode]:
+        return [s.episode() for s in self.states]
+
+
 def run_episodes(
     items: Sequence[dict[str, Any]],
     make_env: Callable[[], Environment],
@@ -188,42 +248,16 @@ def run_episodes(
     stop_ids: Sequence[int] | None = None,
     name: str = "environment",
 ) -> list[Episode]:
-    """Run one episode per item, batching every live trajectory's turn into one ``generate``.
-
-    ``stop_ids`` default to the tokenizer's EOS id; the template must close an assistant turn
-    with the stop token's text (:func:`posttrain.env.render.check_template`).
-    """
-    stops = frozenset(stop_ids if stop_ids is not None else [tokenizer.eos_token_id])
-    states = []
-    for i, item in enumerate(items):
-        where = f"{name} on item {i}"
-        states.append(_open(_call_env(make_env, f"{where} factory"), item, tokenizer, where))
-    for s in states:
-        if len(s.traj.ids) >= limits.max_context:
-            s.finish("context")
+    """Run one episode per item in this process, every live trajectory's turn in one
+    ``generate`` call (:class:`EpisodeBatch`); an engine with ``release(keys)`` is told which
+    trajectories ended."""
+    batch = EpisodeBatch(items, make_env, tokenizer, limits, stop_ids, name)
     release = getattr(generate, "release", None)
-    while live := [i for i, s in enumerate(states) if not s.finished]:
-        budgets = {
-            i: min(limits.max_turn_tokens, limits.max_context - len(states[i].traj.ids))
-            for i in live
-        }
-        requests = [
-            TurnRequest(i, list(states[i].pending), list(states[i].traj.ids), budgets[i])
-            for i in live
-        ]
-        outs = generate(requests)
-        if len(outs) != len(requests):
-            raise ValueError(f"generate answered {len(outs)} turns for {len(requests)} requests")
-        for i, out in zip(live, outs, strict=True):
-            by_context = budgets[i] < limits.max_turn_tokens
-            _take_turn(
-                states[i], out, budgets[i], by_context, tokenizer, stops, limits,
-                f"{name} on item {i}",
-            )  # fmt: skip
-        ended = [i for i in live if states[i].finished]
+    while requests := batch.requests():
+        ended = batch.advance(generate(requests))
         if release is not None and ended:
             release(ended)
-    return [s.episode() for s in states]
+    return batch.episodes()
 
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:

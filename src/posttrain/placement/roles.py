@@ -20,6 +20,8 @@ from posttrain.config import PosttrainConfig, to_dict
 from posttrain.config.build import needs_reference, objective_context
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.env.episode import Episode, TurnRequest
+from posttrain.env.host import EpisodeHost
 from posttrain.model.loading import load_policy
 from posttrain.model.lora import AdapterFreeReference, apply_lora
 from posttrain.model.protocol import model_capabilities, require_trainable
@@ -33,6 +35,7 @@ from posttrain.placement.weight_sync import (
 from posttrain.reward import RewardStage
 from posttrain.reward.stage import RewardResult, RowScores
 from posttrain.rollout import GraphRolloutEngine, Rollout, TorchRolloutEngine
+from posttrain.rollout.multiturn import env_metrics
 from posttrain.trainer import CheckpointManager, LLMTrainer, ResumeState
 
 ObjectiveBuilder = Callable[[Any, Any], Any]
@@ -191,6 +194,13 @@ class RolloutRole:
             return out
         return dataclasses.replace(out, batch=out.batch.to("cpu"), truncated=out.truncated.cpu())
 
+    def generate_turns(
+        self, requests: Sequence[TurnRequest], *, temperature: float, top_p: float, seed: int
+    ) -> list[tuple[list[int], list[float]]]:
+        """One turn of a multi-turn rollout (``rollout.multiturn``); ``[]`` frees its caches."""
+        return self.engine.generate_turns(requests, temperature=temperature, top_p=top_p,
+                                          seed=seed)  # fmt: skip
+
     def sync(self, weights: nn.Module | Mapping[str, Any], final: bool = True) -> int:
         """Take the policy module itself (in-process sharing), or one bucket of a sync
         (``final`` for the last); returns the engine's weight version."""
@@ -224,6 +234,22 @@ class RewardRole:
             mask_truncated=rw.mask_truncated,
             dtype=_float_dtype(cfg.model.dtype),
         )
+        # The environments (env.name) run here, in the reward role's process.
+        self.episodes = EpisodeHost(cfg, _load_tokenizer(cfg)) if cfg.env.name else None
+
+    def open_episodes(self, items: Sequence[TaskItem]) -> list[TurnRequest]:
+        return self._episodes().open(items)
+
+    def advance_episodes(self, outs: Sequence[Sequence[int]]) -> list[TurnRequest]:
+        return self._episodes().advance(outs)
+
+    def close_episodes(self) -> list[Episode]:
+        return self._episodes().close()
+
+    def _episodes(self) -> EpisodeHost:
+        if self.episodes is None:
+            raise RuntimeError("multi-turn episodes need env.name (no environment configured)")
+        return self.episodes
 
     def rollout_scores(self, rollout: Rollout, items: Sequence[TaskItem]) -> RowScores:
         """Per-row scores only (dynamic sampling filters rounds on them before annotating)."""
@@ -237,9 +263,11 @@ class RewardRole:
         the rows' :meth:`rollout_scores` when already computed, so no reward component runs
         twice."""
         rows = [items[i] for i in rollout.prompt_index.tolist()]
-        return self.stage(
+        result = self.stage(
             rollout.batch, list(rollout.texts), rows, truncated=rollout.truncated, scores=scores
         )
+        result.metrics.update(env_metrics(result.batch))  # {} for single-turn rollouts
+        return result
 
     def evaluate(self, completions: Sequence[str], items: Sequence[TaskItem]):
         """Held-out metrics and the per-row scores behind them (each row scored once)."""

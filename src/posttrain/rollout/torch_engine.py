@@ -17,7 +17,9 @@ from torch import Tensor, nn
 
 from posttrain.data.logprobs import position_ids_from_mask
 from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.env.episode import TurnRequest
 from posttrain.rollout.base import Rollout
+from posttrain.rollout.continuation import TurnSession
 from posttrain.rollout.kv_cache import rollout_cache
 from posttrain.rollout.sampling import check_sampling_args, sample_tokens
 
@@ -101,6 +103,7 @@ class TorchRolloutEngine:
         # transformers 5 calls the cache keyword ``cache``; 4.x called it ``past_key_values``
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._turns: TurnSession | None = None  # the multi-turn rollout in progress
 
     @property
     def device(self) -> torch.device:
@@ -183,6 +186,26 @@ class TorchRolloutEngine:
             gid = torch.as_tensor([int(g) for g in group_ids], dtype=torch.int64)
         stop = torch.cat(stopped)
         return self._assemble(prompts, n, tokens, logprobs, lengths, stop, gid, sample_id_offset)
+
+    def generate_turns(
+        self, requests: Sequence[TurnRequest], *, temperature: float, top_p: float, seed: int
+    ) -> list[tuple[list[int], list[float]]]:
+        """One turn of a multi-turn rollout per request (``rollout.continuation``): each
+        trajectory continues from its KV cache, prefilling only its new ids. Requests that are
+        all first turns open a new session seeded with ``seed``; an empty list frees it."""
+        first = bool(requests) and all(len(r.context) == len(r.new_ids) for r in requests)
+        if first or self._turns is None:
+            self._turns = TurnSession(self, temperature, top_p, seed)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                out = self._turns.turn(requests)
+        finally:
+            self.model.train(was_training)
+        if not requests:
+            self._turns = None
+        return out
 
     def _check(self, prompts, n, temperature, top_p, max_tokens, group_ids, group_id_offset):
         check_sampling_args(temperature, top_p)

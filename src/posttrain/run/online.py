@@ -31,6 +31,7 @@ from posttrain.model.loading import load_tokenizer
 from posttrain.model.tiny import ensure_tiny_model
 from posttrain.placement.specs import RoleSpec, annotate
 from posttrain.reward.dynamic_sampling import sample_step
+from posttrain.rollout.multiturn import env_metrics, multiturn_rollout
 from posttrain.run.pipeline import Collected, Pipeline
 from posttrain.run.records import encode_prompts, sample_rows, write_rows, write_samples
 from posttrain.run.session import RunSession, report_lines
@@ -132,12 +133,15 @@ def collect(config: PosttrainConfig, roles, tokenizer, tasks: TaskSource, cursor
 
     def generate(items: Sequence[TaskItem], rnd: int):
         t, k = time.perf_counter(), step * rounds + rnd
-        prompts = encode_prompts(items, config.data, tokenizer)
-        rollout = roles.rollout.generate(
-            prompts, n=n, temperature=config.rollout.temperature,
-            seed=rollout_seed(config.job.seed, k), group_id_offset=k * p,
-            sample_id_offset=k * p * n,
-        )  # fmt: skip
+        ids = dict(seed=rollout_seed(config.job.seed, k), group_id_offset=k * p,
+                   sample_id_offset=k * p * n)  # fmt: skip
+        if config.env.name:  # multi-turn: the environment runs in the reward role
+            rollout = multiturn_rollout(roles, items, tokenizer, n=n, top_p=config.rollout.top_p,
+                                        temperature=config.rollout.temperature, **ids)  # fmt: skip
+        else:
+            prompts = encode_prompts(items, config.data, tokenizer)
+            rollout = roles.rollout.generate(prompts, n=n, temperature=config.rollout.temperature,
+                                             **ids)  # fmt: skip
         times["time/rollout_s"] += time.perf_counter() - t
         return rollout
 
@@ -161,9 +165,14 @@ def collect(config: PosttrainConfig, roles, tokenizer, tasks: TaskSource, cursor
 
 def evaluate(config, roles, tokenizer, items: Sequence[TaskItem], run_dir: Path, step: int):
     """Greedy held-out accuracy; writes the samples of this evaluation."""
-    prompts = encode_prompts(items, config.data, tokenizer)
-    rollout = roles.rollout.generate(prompts, n=1, temperature=0.0, seed=0)
+    if config.env.name:  # multi-turn, as in training; its tool use is measured too
+        rollout = multiturn_rollout(roles, items, tokenizer, n=1, temperature=0.0, top_p=1.0,
+                                    seed=0)  # fmt: skip
+    else:
+        prompts = encode_prompts(items, config.data, tokenizer)
+        rollout = roles.rollout.generate(prompts, n=1, temperature=0.0, seed=0)
     metrics, scores = roles.reward.evaluate(rollout.texts, items)
+    metrics.update(env_metrics(rollout.batch))
     write_samples(run_dir / "samples" / f"step_{step:06d}.jsonl", items, rollout.texts, scores)
     return {f"val/{k}": v for k, v in metrics.items()}
 

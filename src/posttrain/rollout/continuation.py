@@ -1,0 +1,133 @@
+"""Multi-turn sampling that continues every trajectory from its KV cache.
+
+One :class:`TurnSession` holds a batched cache whose row ``i`` is one trajectory. A turn
+prefills only what was appended since the trajectory's last turn (the prompt first, then the
+last sampled token and one observation segment), then decodes. Rows differ in how much they
+append and in when they stop, so the cache has holes: every column a row did not fill (left
+padding of a block, decode steps after the row stopped) has attention mask 0, and position ids
+count only the filled columns. The logits of each real token are therefore those of the
+trajectory's plain full-sequence forward (to rounding), whatever the batching.
+
+The last token sampled in a turn is never fed during that turn (its row stops there); it leads
+the row's next block. Trajectories left out of a turn's requests have ended and are dropped
+from the cache; a request list whose every request is a first turn opens a new session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+from posttrain.data.prefix import position_ids_from_mask
+from posttrain.env.episode import TurnRequest
+from posttrain.rollout.sampling import check_sampling_args, sample_tokens
+
+
+class TurnSession:
+    """The cache and random stream of one multi-turn rollout, for an engine's ``forward``.
+
+    ``forward(ids, mask, positions, cache)`` returns the last column's logits ``[B, V]``.
+    """
+
+    def __init__(self, engine, temperature: float, top_p: float, seed: int) -> None:
+        check_sampling_args(temperature, top_p)
+        self.engine, self.temperature, self.top_p = engine, temperature, top_p
+        self.generator = torch.Generator(device=engine.device).manual_seed(seed)
+        self.cache: DynamicCache | None = None
+        self.keys: list[int] = []  # key of each cache row
+        self.mask: Tensor | None = None  # [rows, columns] attention mask of the cache
+        self.next_pos: Tensor | None = None  # [rows] position of each row's next token
+        self.pending: dict[int, int] = {}  # key -> its last sampled token, not yet in the cache
+
+    def _blocks(self, requests: Sequence[TurnRequest]) -> tuple[Tensor, Tensor]:
+        dev, pad = self.engine.device, self.engine.pad_token_id
+        blocks = []
+        for r in requests:
+            head = [self.pending[r.key]] if r.key in self.pending else []
+            blocks.append(head + [int(t) for t in r.new_ids])
+        w = max(len(b) for b in blocks)
+        ids = torch.full((len(blocks), w), pad, dtype=torch.long)
+        mask = torch.zeros((len(blocks), w), dtype=torch.long)
+        for i, b in enumerate(blocks):
+            if not b:
+                raise ValueError(f"turn request {requests[i].key} appends no ids")
+            ids[i, w - len(b) :] = torch.as_tensor(b)
+            mask[i, w - len(b) :] = 1
+        return ids.to(dev), mask.to(dev)
+
+    def _select(self, requests: Sequence[TurnRequest]) -> None:
+        """Keep (and order) the cache rows of the requested trajectories; drop the rest."""
+        first = [len(r.context) == len(r.new_ids) for r in requests]
+        if all(first):
+            self.cache, self.keys, self.mask, self.next_pos, self.pending = None, [], None, None, {}
+            return
+        if any(first):
+            raise ValueError("a turn batch mixes first turns with continued trajectories")
+        row = {k: i for i, k in enumerate(self.keys)}
+        missing = [r.key for r in requests if r.key not in row]
+        if missing:
+            raise ValueError(f"turn requests continue trajectories {missing} this session lacks")
+        idx = torch.as_tensor([row[r.key] for r in requests], device=self.engine.device)
+        if len(idx) != len(self.keys) or not bool(
+            (idx == torch.arange(len(idx), device=idx.device)).all()
+        ):
+            self.cache.batch_select_indices(idx)
+            self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
+        self.keys = [r.key for r in requests]
+
+    def turn(self, requests: Sequence[TurnRequest]) -> list[tuple[list[int], list[float]]]:
+        """Sample one turn per request: its ids (ending at a stop id unless they fill
+        ``max_new_tokens``) and the sampler's logprob of each."""
+        if not requests:
+            self.cache = self.mask = self.next_pos = None
+            self.keys, self.pending = [], {}
+            return []
+        eng = self.engine
+        self._select(requests)
+        ids, block = self._blocks(requests)
+        if self.cache is None:  # first turns: each distinct prompt is prefilled once
+            self.cache = DynamicCache(config=eng.model.config)
+            self.keys = [r.key for r in requests]
+            index: dict[tuple[int, ...], int] = {}
+            which = [index.setdefault(tuple(r.new_ids), len(index)) for r in requests]
+            firsts = [which.index(g) for g in range(len(index))]
+            ids, block = ids[firsts], block[firsts]
+            logits = eng._forward(ids, block, position_ids_from_mask(block), self.cache)
+            rows_of = torch.as_tensor(which, device=ids.device)
+            if len(firsts) < len(requests):
+                self.cache.batch_select_indices(rows_of)
+            logits, self.mask = logits[rows_of], block[rows_of]
+            self.next_pos = self.mask.sum(-1)
+        else:
+            pos = self.next_pos[:, None] + (block.cumsum(-1) - 1).clamp(min=0)
+            self.mask = torch.cat([self.mask, block], dim=1)
+            self.next_pos = self.next_pos + block.sum(-1)
+            logits = eng._forward(ids, self.mask, pos, self.cache)
+        budgets = torch.as_tensor([r.max_new_tokens for r in requests], device=ids.device)
+        stop_ids = torch.as_tensor(eng.stop_token_ids, dtype=torch.long, device=ids.device)
+        rows = len(requests)
+        done = torch.zeros(rows, dtype=torch.bool, device=ids.device)
+        toks, lps = [], []
+        for t in range(int(budgets.max())):
+            tok, lp = sample_tokens(logits, self.temperature, self.top_p, self.generator)
+            toks.append(torch.where(done, -1, tok))
+            lps.append(lp)
+            done = done | torch.isin(tok, stop_ids) | (budgets <= t + 1)
+            if bool(done.all()):
+                break
+            col = (~done).long()
+            self.mask = torch.cat([self.mask, col[:, None]], dim=1)
+            fed = torch.where(done, eng.pad_token_id, tok)
+            logits = eng._forward(fed[:, None], self.mask, self.next_pos[:, None], self.cache)
+            self.next_pos = self.next_pos + col
+        tok_rows = torch.stack(toks, 1).tolist()
+        lp_rows = torch.stack(lps, 1).double().tolist()
+        out = []
+        for r, t_row, lp_row in zip(requests, tok_rows, lp_rows, strict=True):
+            n = next((i for i, t in enumerate(t_row) if t < 0), len(t_row))
+            self.pending[r.key] = t_row[n - 1]
+            out.append((t_row[:n], lp_row[:n]))
+        return out

@@ -1,0 +1,126 @@
+"""Multi-turn rollouts: the driver between the reward role (environments) and the engine.
+
+Each turn is one call to each side: the reward role answers the sampled turns and names the
+next ones (:class:`posttrain.env.host.EpisodeHost`), the rollout role samples them, continuing
+every trajectory from its KV cache (:mod:`posttrain.rollout.continuation`). The ids the policy
+sampled are kept exactly; the environment's are rendered per segment (:mod:`posttrain.env.render`).
+
+The episodes become the usual :class:`~posttrain.rollout.base.Rollout`: the prompt region holds
+the opening prompt, the response region everything after it (policy turns *and* observations,
+all attended), and ``response_mask`` marks the policy's tokens only. That mask is the one path
+by which the loss, entropy, KL, TOKEN_SUM's weight and the logprob metrics skip environment
+tokens; ``rollout_logprobs`` is 0 on them. Per-row counts travel as batch columns
+(:data:`COLUMNS`) so they stay aligned through dynamic sampling and reach the reward metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from posttrain.data.tasks import TaskItem
+from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.env.episode import Episode
+from posttrain.rollout.base import Rollout
+
+#: Truncation reasons, coded in the ``env_truncation`` column (0: not truncated).
+TRUNCATIONS = ("max_turns", "turn_tokens", "context")
+#: Per-row columns -> the episode info key they hold.
+COLUMNS = {"env_turns": "turns", "env_tool_calls": "tool_calls", "env_tool_errors": "tool_errors"}
+
+
+def multiturn_rollout(
+    roles, items: Sequence[TaskItem], tokenizer, *, n: int, temperature: float, top_p: float,
+    seed: int, group_id_offset: int = 0, sample_id_offset: int = 0,
+) -> Rollout:  # fmt: skip
+    """``n`` episodes per item: environments in the reward role, turns in the rollout role."""
+    rows = [it for it in items for _ in range(n)]
+    requests = roles.reward.open_episodes(rows)
+    logprobs: dict[int, list[float]] = {}
+    sample = dict(temperature=temperature, top_p=top_p if temperature > 0 else 1.0, seed=seed)
+    try:
+        while requests:
+            outs = roles.rollout.generate_turns(requests, **sample)
+            for r, (_, lps) in zip(requests, outs, strict=True):
+                logprobs.setdefault(r.key, []).extend(lps)
+            requests = roles.reward.advance_episodes([ids for ids, _ in outs])
+    finally:
+        roles.rollout.generate_turns([], **sample)  # frees the engine's caches
+    episodes = roles.reward.close_episodes()
+    gid = torch.arange(len(items), dtype=torch.int64) + group_id_offset
+    return episodes_rollout(episodes, logprobs, tokenizer, n, gid, sample_id_offset)
+
+
+def _last_turn(ep: Episode) -> list[int]:
+    """The ids of the policy's last turn (the final answer the verifiers read)."""
+    end = max((i + 1 for i, m in enumerate(ep.mask) if m), default=0)
+    start = end
+    while start > 0 and ep.mask[start - 1]:
+        start -= 1
+    return ep.ids[start:end]
+
+
+def episodes_rollout(
+    episodes: Sequence[Episode],
+    logprobs: dict[int, list[float]],
+    tokenizer,
+    n: int,
+    group_ids: torch.Tensor,
+    sample_id_offset: int = 0,
+) -> Rollout:
+    """The trajectory layout of ``episodes`` (row ``i`` is episode ``i``; ``n`` per group)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    b = len(episodes)
+    p = max(e.prompt_len for e in episodes)
+    r = max(1, max(len(e.ids) - e.prompt_len for e in episodes))
+    ids = torch.full((b, p + r), int(pad), dtype=torch.long)
+    attention = torch.zeros((b, p + r), dtype=torch.long)
+    policy = torch.zeros((b, r), dtype=torch.bool)
+    lp = torch.zeros((b, r), dtype=torch.float32)
+    for i, e in enumerate(episodes):
+        prompt, resp = e.ids[: e.prompt_len], e.ids[e.prompt_len :]
+        ids[i, p - len(prompt) : p] = torch.as_tensor(prompt, dtype=torch.long)
+        attention[i, p - len(prompt) : p + len(resp)] = 1
+        if resp:
+            ids[i, p : p + len(resp)] = torch.as_tensor(resp, dtype=torch.long)
+            policy[i, : len(resp)] = torch.as_tensor(e.mask[e.prompt_len :], dtype=torch.bool)
+        sampled = logprobs.get(i, [])
+        if len(sampled) != int(policy[i].sum()):
+            raise ValueError(
+                f"episode {i}: {len(sampled)} sampler logprobs for {int(policy[i].sum())} "
+                "policy tokens"
+            )
+        lp[i, policy[i]] = torch.as_tensor(sampled, dtype=torch.float32)
+    columns = {
+        col: torch.as_tensor([float(e.info.get(key, 0)) for e in episodes])
+        for col, key in COLUMNS.items()
+    }
+    columns["env_truncation"] = torch.as_tensor(
+        [0.0 if e.truncated is None else 1.0 + TRUNCATIONS.index(e.truncated) for e in episodes]
+    )
+    batch = TrajectoryBatch(
+        input_ids=ids, attention_mask=attention, response_mask=policy,
+        group_ids=group_ids.repeat_interleave(n),
+        sample_ids=torch.arange(b, dtype=torch.int64) + sample_id_offset,
+        rollout_logprobs=lp, columns=columns,
+    )  # fmt: skip
+    texts = tuple(tokenizer.decode(_last_turn(e), skip_special_tokens=True) for e in episodes)
+    truncated = torch.as_tensor([e.truncated is not None for e in episodes], dtype=torch.bool)
+    return Rollout(batch=batch, truncated=truncated, texts=texts, n=n)
+
+
+def env_metrics(batch: TrajectoryBatch) -> dict[str, float]:
+    """Turns, tool calls and errors (means per trajectory), truncations by reason (fractions),
+    policy vs environment tokens (means per trajectory) of a multi-turn batch; ``{}`` otherwise."""
+    if "env_turns" not in batch.columns:
+        return {}
+    c = batch.columns
+    policy = batch.response_mask.sum(-1).double()
+    env = batch.attention_mask[:, batch.prompt_width :].sum(-1).double() - policy
+    out = {f"env/{col.removeprefix('env_')}_mean": float(c[col].double().mean()) for col in COLUMNS}
+    for code, reason in enumerate(TRUNCATIONS, start=1):
+        out[f"env/truncated_{reason}_frac"] = float((c["env_truncation"] == code).double().mean())
+    out["env/policy_tokens_mean"] = float(policy.mean())
+    out["env/env_tokens_mean"] = float(env.mean())
+    return out

@@ -1,0 +1,92 @@
+"""Shared pieces of the multi-turn tests: a tiny tools model folder and test environments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from posttrain.env import EnvStep
+from posttrain.env.chat_template import build_tools_tokenizer
+from posttrain.model.tokenizer import save_char_tokenizer
+
+
+def build_tools_model(out: Path, seed: int = 0, eos_logit: float = 0.5) -> Path:
+    """A random tiny Llama whose vocabulary is the tools tokenizer's (char ids + tool markers).
+
+    A random model almost never samples EOS, so its turns would all run out of tokens: a bias
+    of the last MLP plus an untied EOS row of the head add about ``eos_logit`` to EOS's logit
+    everywhere, so turns end at varied lengths.
+    """
+    tok = build_tools_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, intermediate_size=64, max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, tie_word_embeddings=False, attention_dropout=0.0,
+        mlp_bias=True,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+        with torch.no_grad():
+            u = torch.zeros(config.hidden_size)
+            u[0] = 1.0
+            model.model.layers[-1].mlp.down_proj.bias.copy_(u * 50.0)
+            model.lm_head.weight[tok.eos_token_id] += u * eos_logit
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    save_char_tokenizer(tok, out)
+    return out
+
+
+class Chatty:
+    """Answers every assistant turn with a short user turn until ``env.max_turns`` cuts it:
+    every trajectory is multi-turn, whatever a random policy samples."""
+
+    def reset(self, item):
+        return [{"role": "user", "content": item["prompt"]}]
+
+    def step(self, messages):
+        return EnvStep([{"role": "user", "content": "more"}], info={"nudges": 1})
+
+
+def chatty() -> Chatty:
+    return Chatty()
+
+
+def length_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
+    """A reward that varies within a group (so advantages, and the loss, are not zero)."""
+    return float(len(completion) % 3)
+
+
+class PidChatty(Chatty):
+    """:class:`Chatty` that notes the process it runs in (``MT_PID_DIR``), once per episode."""
+
+    def reset(self, item):
+        import os
+
+        where = os.environ.get("MT_PID_DIR")
+        if where:
+            (Path(where) / f"{os.getpid()}").write_text("env")
+        return super().reset(item)
+
+
+def pid_chatty() -> PidChatty:
+    return PidChatty()
+
+
+class Rewarding(Chatty):
+    def step(self, messages):
+        return EnvStep(done=True, reward=1.0)
+
+
+def rewarding() -> Rewarding:
+    return Rewarding()
+
+
+def some_groups_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
+    """:func:`length_reward` on about half the prompts, 0 on the rest: uninformative groups, so
+    dynamic sampling samples more rounds."""
+    return length_reward(prompt, completion, answer, meta) if len(answer) % 2 else 0.0

@@ -1,0 +1,85 @@
+"""The ``env`` section: strict values, the preflight load check, one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from posttrain.config import ConfigError, PosttrainConfig, load_config
+from posttrain.control import PreflightError, run_preflight
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_single_turn_is_the_default() -> None:
+    env = PosttrainConfig().env
+    assert env.name == "" and not env.enabled and env.tools == []
+
+
+@pytest.mark.parametrize(
+    ("opt", "line"),
+    [
+        ("env.name=calculater", "invalid config value env.name: 'calculater' is neither a "
+         "built-in environment (calculator, tools) nor a 'module:function' reference"),
+        ("env.max_turns=0", "env.max_turns: Input should be greater than or equal to 1"),
+        ("env.max_context=1", "env.max_context: Input should be greater than or equal to 2"),
+        ("env.tools=[nocolon]", "env.tools: 'nocolon' is not a 'module:function' reference"),
+        ("env.max_turn=3", "unknown config key 'env.max_turn': did you mean env.max_turns?"),
+    ],
+)  # fmt: skip
+def test_bad_values_fail_in_one_line(opt: str, line: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config("arithmetic", ["--", opt])
+    assert line in str(e.value) and "\n" not in str(e.value)
+
+
+def _preflight(**env) -> str:
+    cfg = PosttrainConfig(env=env)
+    with pytest.raises(PreflightError) as e:
+        run_preflight(cfg)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_preflight_imports_the_environment(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert "cannot import module 'no_such_env'" in _preflight(name="no_such_env:make")
+    assert "names no tools" in _preflight(name="tools")
+    assert "env.tools is read only with env.name=tools" in _preflight(
+        tools=["posttrain.env.calculator:calculator"]
+    )
+    (tmp_path / "bad_env.py").write_text("def make():\n    return 3\n")
+    assert "returned a int without reset and step" in _preflight(name="bad_env:make")
+
+
+def test_preflight_accepts_builtin_and_tools_environments() -> None:
+    for env in ({"name": "calculator"},
+                {"name": "tools", "tools": ["posttrain.env.calculator:calculator"]}):  # fmt: skip
+        run_preflight(PosttrainConfig(env=env))
+
+
+@pytest.mark.parametrize(
+    ("section", "line"),
+    [({"rollout": {"engine": "static"}}, "env.name=calculator needs rollout.engine=torch"),
+     ({"reward": {"overlong_buffer": 4}}, "set reward.overlong_buffer=0 (env.max_context")],
+)  # fmt: skip
+def test_settings_without_a_multiturn_meaning_are_refused(section, line) -> None:
+    cfg = PosttrainConfig(env={"name": "calculator"}, **section)
+    with pytest.raises(PreflightError) as e:
+        run_preflight(cfg)
+    assert line in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_names_a_missing_environment_in_one_line(tmp_path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "posttrain.entrypoints.grpo", "--config", "arithmetic", "--",
+         f"job.output_root={tmp_path}", "env.name=missing_env:make"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.strip().count("\n") == 0
+    assert "cannot import module 'missing_env'" in out.stderr
