@@ -101,6 +101,11 @@ class PolicyRole:
         )
         return self.trainer.merge(rows)
 
+    def keeps_groups(self) -> bool:
+        """Whether the rank dispatch may bring a mini-batch's groups together (the trainer's
+        rule, asked once by a placement that splits batches over ranks)."""
+        return self.trainer.keeps_groups
+
     def weights(self) -> dict[str, Tensor]:
         """The policy's weights for sync, as CPU tensors (they travel between processes).
 
