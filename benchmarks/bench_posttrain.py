@@ -166,15 +166,20 @@ class PosttrainSide:
         self.tokenizer = load_tokenizer(str(model_dir))
         self.clock = PhaseClock()
         policy = self.roles.policy
-        # A LoRA reference is the policy module with its adapters off: time it once, as such.
-        self.clock.watch(
-            policy.model,
-            lambda: (
-                None
-                if self.clock.inside("reference_fwd")
-                else ("policy_fwd" if torch.is_grad_enabled() else "pi_old_fwd")
-            ),
+        # A LoRA reference is the policy module with its adapters off (peft's tuner layers say
+        # so while it runs): time it as the reference.
+        tuner = next(
+            (m for m in policy.model.modules() if hasattr(type(m), "_disable_adapters")), None
         )
+
+        def bucket() -> str | None:
+            if self.clock.inside("reference_fwd"):
+                return None
+            if torch.is_grad_enabled():
+                return "policy_fwd"
+            return "reference_fwd" if tuner is not None and tuner.disable_adapters else "pi_old_fwd"
+
+        self.clock.watch(policy.model, bucket)
         for reference in policy.trainer.auxiliary_models:  # the frozen reference, if any
             self.clock.watch(reference, lambda: "reference_fwd")
         self.cursor = 0
