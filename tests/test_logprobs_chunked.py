@@ -86,3 +86,15 @@ def test_fused_logprob_keeps_bf16_logits_gradient_in_bf16():
     want = torch.log_softmax(logits.detach().float(), -1).gather(-1, targets.unsqueeze(-1))
     torch.testing.assert_close(logp, want.squeeze(-1))
     assert lp.token_logprobs(logits[:0], targets[:0]).shape == (0, 2)
+
+
+def test_fused_logprob_with_large_and_masked_logits():
+    """Logits far from 0 and -inf entries (a masked vocabulary) give log_softmax's values, with
+    and without the entropy pass (its own max-shifted logsumexp)."""
+    logits = torch.randn(4, 10, dtype=torch.float64) * 50 + 1e4
+    logits[:, 7:] = float("-inf")
+    targets = torch.tensor([0, 3, 6, 2])
+    want = torch.log_softmax(logits[:, :7], -1).gather(-1, targets[:, None])[:, 0]
+    torch.testing.assert_close(lp.token_logprobs(logits, targets), want)
+    logp, _ = lp.token_logprobs_and_entropy(logits, targets, 1.0, "metric")
+    torch.testing.assert_close(logp, want)

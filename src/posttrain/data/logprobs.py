@@ -68,10 +68,15 @@ class _TokenLogprobs(torch.autograd.Function):
         for s in range(0, n, step):
             x = _scaled(logits[s : s + step], temperature)
             e = s + x.shape[0]
-            lse[s:e] = torch.logsumexp(x, dim=-1)
+            if entropy:  # one exp pass serves both: H = lse - sum(exp(x - m) x) / sum(exp(x - m))
+                m = x.amax(-1, keepdim=True).nan_to_num_(0.0, 0.0, 0.0)
+                z = torch.exp(x - m)
+                total = z.sum(-1)
+                lse[s:e] = m.squeeze(-1) + total.log()
+                ent[s:e] = lse[s:e] - torch.linalg.vecdot(z, x) / total
+            else:
+                lse[s:e] = torch.logsumexp(x, dim=-1)
             logp[s:e] = torch.gather(x, -1, targets[s:e].unsqueeze(-1)).squeeze(-1) - lse[s:e]
-            if entropy:
-                ent[s:e] = lse[s:e] - (torch.exp(x - lse[s:e, None]) * x).sum(-1)
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
         ctx.mark_non_differentiable(ent)
