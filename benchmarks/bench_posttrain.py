@@ -111,22 +111,54 @@ def posttrain_opts(w: Workload, model_dir: Path, out_root: Path, steps: int) -> 
     ]
 
 
+def workload_config(
+    w: Workload, model_dir: Path, out_root: Path, steps: int, extra: tuple[str, ...] = ()
+):
+    """The resolved posttrain config of the workload (both sides read prompts from it)."""
+    from posttrain.config import load_config
+
+    config = load_config(w.recipe, ["--", *posttrain_opts(w, model_dir, out_root, steps), *extra])
+    # Set on the object: a preamble's newlines and quotes do not survive an override string.
+    config.data.user_template = w.user_template
+    return config
+
+
+def prompt_rows(config, tokenizer, tasks, prompts: int, steps: int) -> list[dict]:
+    """``{"prompt", "answer"}`` per prompt of steps 1..steps, in the order the GRPO entry takes
+    them, formatted as posttrain formats them (chat template, system prompt, user template)."""
+    from posttrain.data.tasks import format_prompt
+
+    data, cursor, rows = config.data, 0, []
+    for _ in range(steps):
+        items, cursor = tasks.take(config.job.seed, cursor, prompts)
+        rows += [
+            {
+                "prompt": format_prompt(
+                    it,
+                    data.prompt_template,
+                    tokenizer,
+                    system_prompt=data.system_prompt,
+                    user_template=data.user_template,
+                ),
+                "answer": it.answer,
+            }  # fmt: skip
+            for it in items
+        ]
+    return rows
+
+
 class PosttrainSide:
     """Builds the local roles once; :meth:`step` runs one timed GRPO step."""
 
     def __init__(
         self, w: Workload, model_dir: Path, out_root: Path, steps: int, extra: tuple[str, ...] = ()
     ) -> None:
-        from posttrain.config import load_config
         from posttrain.config.build import build_objective
         from posttrain.control.data_checks import load_tasks
         from posttrain.model.loading import load_tokenizer
         from posttrain.placement.local import place_local
 
-        opts = [*posttrain_opts(w, model_dir, out_root, steps), *extra]
-        self.config = load_config(w.recipe, ["--", *opts])
-        # Set on the object: a preamble's newlines and quotes do not survive an override string.
-        self.config.data.user_template = w.user_template
+        self.config = workload_config(w, model_dir, out_root, steps, extra)
         run_dir = out_root / "posttrain"
         run_dir.mkdir(parents=True, exist_ok=True)
         self.tasks = load_tasks(self.config)
@@ -134,15 +166,20 @@ class PosttrainSide:
         self.tokenizer = load_tokenizer(str(model_dir))
         self.clock = PhaseClock()
         policy = self.roles.policy
-        # A LoRA reference is the policy module with its adapters off: time it once, as such.
-        self.clock.watch(
-            policy.model,
-            lambda: (
-                None
-                if self.clock.inside("reference_fwd")
-                else ("policy_fwd" if torch.is_grad_enabled() else "pi_old_fwd")
-            ),
+        # A LoRA reference is the policy module with its adapters off (peft's tuner layers say
+        # so while it runs): time it as the reference.
+        tuner = next(
+            (m for m in policy.model.modules() if hasattr(type(m), "_disable_adapters")), None
         )
+
+        def bucket() -> str | None:
+            if self.clock.inside("reference_fwd"):
+                return None
+            if torch.is_grad_enabled():
+                return "policy_fwd"
+            return "reference_fwd" if tuner is not None and tuner.disable_adapters else "pi_old_fwd"
+
+        self.clock.watch(policy.model, bucket)
         for reference in policy.trainer.auxiliary_models:  # the frozen reference, if any
             self.clock.watch(reference, lambda: "reference_fwd")
         self.cursor = 0

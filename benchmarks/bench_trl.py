@@ -1,9 +1,10 @@
 """TRL's side of ``vs_trl.py``: GRPOTrainer on the same model, prompts and hyper-parameters.
 
 Only the benchmark venv (``make bench-trl``) has TRL; posttrain never imports this module.
-TRL drives its own training loop, so the comparison interleaves through a ``TrainerCallback``:
-after each TRL optimizer step, the callback runs one posttrain step (A/B/A/B in one process).
-TRL phases come from the same forward hooks as posttrain's, plus a timer around generation.
+TRL drives its own training loop, so ``vs_trl.py`` steps it through a ``TrainerCallback``: each
+optimizer step waits for the benchmark's go-ahead and reports its phases when it ends (each side
+runs in its own process). TRL phases come from the same forward hooks as posttrain's, plus a
+timer around generation.
 """
 
 from __future__ import annotations
@@ -36,16 +37,23 @@ class TimedGRPOTrainer(GRPOTrainer):
             self.clock.armed = armed
 
 
-class Interleave(TrainerCallback):
-    """Times each TRL optimizer step, then runs ``after_step(step)`` (the other side's step)."""
+class StepTimer(TrainerCallback):
+    """Runs ``before_step()`` before each TRL optimizer step (untimed), then times the step and
+    hands its phases to ``after_step``."""
 
-    def __init__(self, clock: PhaseClock, after_step: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        clock: PhaseClock,
+        before_step: Callable[[], None],
+        after_step: Callable[[dict[str, float]], None],
+    ) -> None:
         self.clock = clock
+        self.before_step = before_step
         self.after_step = after_step
-        self.steps: list[dict[str, float]] = []
         self._t0 = 0.0
 
     def on_step_begin(self, args, state, control, **kwargs):
+        self.before_step()
         self.clock.take()
         self.clock.armed = True
         self._t0 = time.perf_counter()
@@ -56,8 +64,7 @@ class Interleave(TrainerCallback):
         phases = self.clock.take()
         phases["step"] = total
         phases["loss_backward_optim"] = total - sum(v for k, v in phases.items() if k != "step")
-        self.steps.append(phases)
-        self.after_step(state.global_step)
+        self.after_step(phases)
 
 
 def exact_reward(completions, answer, **_) -> list[float]:
@@ -72,13 +79,17 @@ def trl_trainer(
     steps: int,
     seed: int,
     bf16: bool = False,
+    gradient_checkpointing: bool = False,
 ) -> TimedGRPOTrainer:
-    """A GRPOTrainer whose step i sees prompts ``rows[i*P:(i+1)*P]`` (no shuffling)."""
+    """A GRPOTrainer whose step i sees prompts ``rows[i*P:(i+1)*P]`` (no shuffling), generated
+    in one batch and trained in micro-batches of ``w.micro_batch`` rows, as posttrain does."""
     batch = w.prompts * w.n
+    if batch % w.micro_batch:
+        raise ValueError(f"micro-batch {w.micro_batch} does not divide the batch of {batch}")
     args = GRPOConfig(
         output_dir=str(out_dir),
-        per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=w.micro_batch,
+        gradient_accumulation_steps=batch // w.micro_batch,
         generation_batch_size=batch,
         num_generations=w.n,
         num_iterations=1,
@@ -87,7 +98,7 @@ def trl_trainer(
         top_p=1.0,
         beta=w.kl_beta,
         epsilon=0.2,
-        loss_type="dapo",  # = posttrain's token-mean over one micro-batch
+        loss_type="dapo",  # = posttrain's TOKEN_SUM: token mean over the whole batch
         scale_rewards="group",
         learning_rate=w.lr,
         lr_scheduler_type="constant",
@@ -106,7 +117,8 @@ def trl_trainer(
         save_strategy="no",
         report_to="none",
         disable_dropout=True,
-        gradient_checkpointing=False,  # TRL defaults to True; posttrain to False (same work)
+        # TRL's default is True (its memory-best setting); False does posttrain's work.
+        gradient_checkpointing=gradient_checkpointing,
         dataloader_num_workers=0,
         model_init_kwargs={"dtype": torch.float32},
     )
@@ -127,9 +139,10 @@ def trl_trainer(
         peft_config=peft_config,
     )
     trainer.clock = PhaseClock()
-    trainer.clock.watch(
-        trainer.model, lambda: "policy_fwd" if torch.is_grad_enabled() else "pi_old_fwd"
-    )
+    # One generation per optimizer step means TRL never scores π_old: with LoRA (no separate
+    # reference module) the policy's no-grad forwards are the adapter-free reference's.
+    no_grad = "reference_fwd" if trainer.ref_model is None else "pi_old_fwd"
+    trainer.clock.watch(trainer.model, lambda: "policy_fwd" if torch.is_grad_enabled() else no_grad)
     if trainer.ref_model is not None:
         trainer.clock.watch(trainer.ref_model, lambda: "reference_fwd")
     return trainer

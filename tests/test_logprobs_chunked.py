@@ -49,3 +49,52 @@ def test_a_modified_head_keeps_the_model_path():
     assert lp._plain_head(model) is model.lm_head
     model.config.final_logit_softcapping = 30.0
     assert lp._plain_head(model) is None
+
+
+@pytest.mark.parametrize("chunk", [1 << 24, 7, 1])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_logprob_gradient_is_log_softmax_s(monkeypatch, chunk, temperature):
+    """The closed-form backward (written per chunk of rows) equals autograd through
+    ``log_softmax``; the metric entropy equals ``-sum p log p``; float64 throughout."""
+    monkeypatch.setattr(lp, "CHUNK_ELEMENTS", chunk)
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(5, 4, 11, generator=g, dtype=torch.float64)).requires_grad_()
+    targets = torch.randint(0, 11, (5, 4), generator=g)
+    weights = torch.randn(5, 4, generator=g, dtype=torch.float64)
+    logp, ent = lp.token_logprobs_and_entropy(logits, targets, temperature, "metric")
+    (grad,) = torch.autograd.grad((logp * weights).sum(), logits)
+    ref_logits = logits.detach().clone().requires_grad_()
+    log_soft = torch.log_softmax(ref_logits / temperature, dim=-1)
+    ref = log_soft.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    (ref_grad,) = torch.autograd.grad((ref * weights).sum(), ref_logits)
+    torch.testing.assert_close(logp, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ent, -(log_soft.exp() * log_soft).sum(-1), rtol=0, atol=1e-12)
+    assert not ent.requires_grad
+    assert torch.autograd.gradcheck(
+        lambda x: lp.token_logprobs(x, targets, temperature), (logits.detach().requires_grad_(),)
+    )
+
+
+def test_fused_logprob_keeps_bf16_logits_gradient_in_bf16():
+    logits = torch.randn(3, 2, 9, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, 9, (3, 2))
+    logp = lp.token_logprobs(logits, targets)
+    assert logp.dtype == torch.float32
+    logp.sum().backward()
+    assert logits.grad.dtype == torch.bfloat16
+    want = torch.log_softmax(logits.detach().float(), -1).gather(-1, targets.unsqueeze(-1))
+    torch.testing.assert_close(logp, want.squeeze(-1))
+    assert lp.token_logprobs(logits[:0], targets[:0]).shape == (0, 2)
+
+
+def test_fused_logprob_with_large_and_masked_logits():
+    """Logits far from 0 and -inf entries (a masked vocabulary) give log_softmax's values, with
+    and without the entropy pass (its own max-shifted logsumexp)."""
+    logits = torch.randn(4, 10, dtype=torch.float64) * 50 + 1e4
+    logits[:, 7:] = float("-inf")
+    targets = torch.tensor([0, 3, 6, 2])
+    want = torch.log_softmax(logits[:, :7], -1).gather(-1, targets[:, None])[:, 0]
+    torch.testing.assert_close(lp.token_logprobs(logits, targets), want)
+    logp, _ = lp.token_logprobs_and_entropy(logits, targets, 1.0, "metric")
+    torch.testing.assert_close(logp, want)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 
 from posttrain.config import ConfigError, load_config
 from posttrain.config.build import build_objective
+from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.placement.dispatch import rank_rows, shard_batch
 from posttrain.placement.local import place_local
 from posttrain.placement.ray_host import worker_pythonpath
@@ -121,3 +124,63 @@ def test_keeping_groups_worked_example():
     batch = random_batch(b=8).replace(group_ids=torch.tensor(groups))
     shards = shard_batch(batch, 2, 1, keep_groups=True)
     assert [s.group_ids.tolist() for s in shards] == [[0, 0, 1, 1], [2, 2, 3, 3]]
+
+
+class _LocalRanks:
+    """Ray's actor group, in-process: ``call.remote`` runs at once; the trained shards and the
+    methods asked are recorded."""
+
+    def __init__(self, names: list[str], keeps_groups: bool) -> None:
+        self.keeps_groups = keeps_groups
+        self.asked: list[str] = []
+        self.trained: dict[str, TrajectoryBatch] = {}
+
+        def handle(name):
+            def remote(method, *args):
+                self.asked.append(method)
+                if method == "keeps_groups":
+                    return self.keeps_groups
+                self.trained[name] = args[0]
+                return {"loss": 0.0}
+
+            return SimpleNamespace(call=SimpleNamespace(remote=remote))
+
+        self.handles = {n: handle(n) for n in names}
+
+    def gather(self, calls):
+        return [ref for _, ref in calls]
+
+
+@pytest.mark.parametrize("keeps", [True, False])
+def test_ray_policy_dispatch_keeps_groups_when_the_trainer_does(keeps):
+    """RayPolicy asks rank 0's trainer once whether groups may be brought together; then each
+    rank's share of a mini-batch holds whole groups where the split allows (the exactness of
+    that regrouping under TOKEN_SUM: test_shared_prefix.py's two-rank gradient test)."""
+    from posttrain.placement.ray import RayPolicy
+
+    ids = torch.tensor([0, 1, 2, 0, 1, 2, 3, 4, 3, 4, 5, 5])  # groups interleaved
+    batch = random_batch(seed=1, b=len(ids))
+    batch = dataclasses.replace(batch, group_ids=ids)
+    policy = RayPolicy(None, ranks=2, mini_batches=2, sharded=False)
+    policy._actors = ranks = _LocalRanks(policy.names, keeps)
+    for _ in range(2):
+        policy.train(batch)
+    assert ranks.asked.count("keeps_groups") == 2  # once, of each rank
+    got = [ranks.trained[n] for n in policy.names]
+    want = shard_batch(batch, 2, 2, keep_groups=keeps)
+    for shard, expected in zip(got, want, strict=True):
+        assert torch.equal(shard.sample_ids, expected.sample_ids)
+    if keeps:  # mini-batch 1 = rows 0-5 (groups 0,1,2 twice): rank 0 gets groups 0 and 1 whole
+        assert got[0].group_ids.tolist() == [0, 0, 1, 3, 3, 4]
+        assert got[1].group_ids.tolist() == [1, 2, 2, 4, 5, 5]
+    else:
+        assert got[0].group_ids.tolist() == [0, 1, 2, 3, 4, 3]
+
+
+def test_one_policy_rank_is_never_asked_about_groups():
+    from posttrain.placement.ray import RayPolicy
+
+    policy = RayPolicy(None, ranks=1, mini_batches=1, sharded=False)
+    policy._actors = ranks = _LocalRanks(policy.names, True)
+    policy.train(random_batch(b=4))
+    assert ranks.asked == ["train"]

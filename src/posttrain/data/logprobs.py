@@ -4,8 +4,9 @@ The logits of a batch are ``[B, R, V]``; they and their float32 copy are the lar
 RL step for a model with a large vocabulary. Two bounds keep them small: above
 :data:`LOGIT_CHUNK_ELEMENTS` the head runs per chunk of rows (:func:`response_logprobs`), and
 scoring already-computed logits runs over chunks of about :data:`CHUNK_ELEMENTS` logits, so only
-one chunk's float32 copy and softmax temporaries exist at a time. With a gradient every chunk is
-checkpointed (recomputed in the backward pass) instead of kept alive for it.
+one chunk's float32 copy and softmax temporaries exist at a time. The log-prob's gradient is its
+closed form, written chunk by chunk from the kept logsumexp (:class:`_TokenLogprobs`): no
+softmax is stored for the backward and no forward is recomputed in it.
 """
 
 from __future__ import annotations
@@ -33,12 +34,6 @@ def _scaled(logits: Tensor, temperature: float) -> Tensor:
     return logits / temperature if temperature != 1.0 else logits
 
 
-def _chunk_logprobs(logits: Tensor, targets: Tensor, temperature: float) -> Tensor:
-    # logit[y] - logsumexp(logits): the full-vocabulary log-softmax is never materialised.
-    x = _scaled(logits, temperature)
-    return torch.gather(x, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1)
-
-
 def _chunk_entropy(logits: Tensor, temperature: float) -> Tensor:
     # H = -sum p log p = logsumexp(x) - sum p x, with p = softmax(x).
     x = _scaled(logits, temperature)
@@ -51,6 +46,59 @@ def _run(fn, *args: Tensor) -> Tensor:
     return fn(*args)
 
 
+def _rows(width: int) -> int:
+    return max(1, CHUNK_ELEMENTS // max(1, width))
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """``x[y] - logsumexp(x)`` over rows of ``[N, V]`` logits (``x = logits / T``), optionally with
+    the entropy of ``softmax(x)`` as a metric (no gradient), both from one logsumexp per chunk.
+
+    Its backward is the closed form ``(onehot(y) - softmax(x)) * g / T``, written chunk by chunk
+    into one ``[N, V]`` gradient: it keeps only the logsumexp per row (no softmax temporaries,
+    no recomputed forward, no full-size zero tensors per chunk as slicing's backward makes).
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature: float, entropy: bool):
+        n, step = logits.shape[0], _rows(logits.shape[-1])
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # what _scaled computes in
+        lse = torch.empty(n, dtype=dtype, device=logits.device)
+        logp = torch.empty_like(lse)
+        ent = torch.empty_like(lse) if entropy else lse.new_empty(0)
+        for s in range(0, n, step):
+            x = _scaled(logits[s : s + step], temperature)
+            e = s + x.shape[0]
+            if entropy:  # one exp pass serves both: H = lse - sum(exp(x - m) x) / sum(exp(x - m))
+                m = x.amax(-1, keepdim=True).nan_to_num_(0.0, 0.0, 0.0)
+                z = torch.exp(x - m)
+                total = z.sum(-1)
+                lse[s:e] = m.squeeze(-1) + total.log()
+                ent[s:e] = lse[s:e] - torch.linalg.vecdot(z, x) / total
+            else:
+                lse[s:e] = torch.logsumexp(x, dim=-1)
+            logp[s:e] = torch.gather(x, -1, targets[s:e].unsqueeze(-1)).squeeze(-1) - lse[s:e]
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_ent):
+        logits, targets, lse = ctx.saved_tensors
+        t = ctx.temperature
+        grad = torch.empty_like(logits)
+        g = grad_logp.to(lse.dtype) / t
+        step = _rows(logits.shape[-1])
+        for s in range(0, logits.shape[0], step):
+            x = _scaled(logits[s : s + step], t)
+            e = s + x.shape[0]
+            chunk = torch.exp(x - lse[s:e, None]).mul_(-g[s:e, None])
+            chunk.scatter_add_(-1, targets[s:e].unsqueeze(-1), g[s:e, None])
+            grad[s:e] = chunk
+        return grad, None, None, None
+
+
 def _score(
     logits: Tensor, targets: Tensor, temperature: float, entropy: EntropyMode | None
 ) -> tuple[Tensor, Tensor | None]:
@@ -59,19 +107,15 @@ def _score(
     if entropy not in (None, "metric", "grad"):
         raise ValueError(f"entropy must be None, 'metric' or 'grad', got {entropy!r}")
     flat, tgt = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
-    empty = _scaled(flat[:0, 0], 1.0)  # keeps a zero-length batch well-typed
-    logps, ents = [empty], [empty.detach()]
-    step = max(1, CHUNK_ELEMENTS // max(1, flat.shape[-1]))
-    for s in range(0, flat.shape[0], step):
-        x, t = flat[s : s + step], tgt[s : s + step]
-        logps.append(_run(lambda x, t: _chunk_logprobs(x, t, temperature), x, t))
-        if entropy == "grad":
-            ents.append(_run(lambda x: _chunk_entropy(x, temperature), x))
-        elif entropy == "metric":
-            with torch.no_grad():
-                ents.append(_chunk_entropy(x, temperature))
-    logp = torch.cat(logps).reshape(targets.shape)
-    return logp, None if entropy is None else torch.cat(ents).reshape(targets.shape)
+    logp, ent = _TokenLogprobs.apply(flat, tgt, temperature, entropy == "metric")
+    ent = None if entropy is None else ent
+    if entropy == "grad":  # an entropy bonus: its own checkpointed pass keeps the graph
+        step = _rows(flat.shape[-1])
+        ents = [_run(lambda x: _chunk_entropy(x, temperature), flat[s : s + step])
+                for s in range(0, flat.shape[0], step)]  # fmt: skip
+        ent = torch.cat([_scaled(flat[:0, 0], 1.0), *ents])
+    logp = logp.reshape(targets.shape)
+    return logp, None if ent is None else ent.reshape(targets.shape)
 
 
 def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:

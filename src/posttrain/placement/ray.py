@@ -66,6 +66,8 @@ class RayPolicy:
         self.sharded = sharded
         self.names = [f"policy rank {r}" for r in range(ranks)]
         self.mini_batches = mini_batches
+        #: Shared-prefix dispatch: each rank's part of a mini-batch holds whole groups.
+        self.keep_groups: bool | None = None
 
     def _all(self, method: str, per_rank_args: Sequence[tuple] | None = None) -> list:
         per_rank_args = per_rank_args or [()] * len(self.names)
@@ -79,7 +81,9 @@ class RayPolicy:
         return self._all("resume")[0]
 
     def train(self, batch) -> dict[str, float]:
-        shards = shard_batch(batch, len(self.names), self.mini_batches)
+        if len(self.names) > 1 and self.keep_groups is None:  # the ranks' trainer decides
+            self.keep_groups = self._all("keeps_groups")[0]
+        shards = shard_batch(batch, len(self.names), self.mini_batches, bool(self.keep_groups))
         # The trainer makes every metric global over ranks (as each declares): rank 0 speaks.
         return self._all("train", [(s,) for s in shards])[0]
 

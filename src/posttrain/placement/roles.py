@@ -112,6 +112,11 @@ class PolicyRole:
         )
         return self.trainer.merge(rows)
 
+    def keeps_groups(self) -> bool:
+        """Whether the rank dispatch may bring a mini-batch's groups together (the trainer's
+        rule, asked once by a placement that splits batches over ranks)."""
+        return self.trainer.keeps_groups
+
     def sync_buckets(self) -> int:
         """How many :meth:`weight_bucket` calls one weight sync takes."""
         return len(self._weights().buckets)

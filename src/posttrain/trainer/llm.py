@@ -88,24 +88,28 @@ class LLMTrainer(Trainer):
         with super().forward_context(), use_shared_prefix(self.shared_prefix):
             yield
 
-    def micro_slices(self, batch: TrajectoryBatch) -> list[slice] | list[list[int]]:
-        """Whole groups per micro-batch while sharing can be on and the update stays exact.
+    @property
+    def keeps_groups(self) -> bool:
+        """Rows may be regrouped by prompt within an optimizer step (here and by the rank
+        dispatch): sharing can be on and the update stays exact under any such cut. TOKEN_SUM
+        makes it so; a MEAN objective, or a π_old certified in the update's own micro-batches,
+        keeps the plain row chunks."""
+        return (
+            self.shared_prefix != "off"
+            and self.objective.reduction is Reduction.TOKEN_SUM
+            and not self.certified_deterministic_forward
+        )
 
-        A group's rows are brought together (a permutation within one optimizer step) and
-        groups packed into micro-batches (``group_chunks``). TOKEN_SUM makes any such cut
-        exact; a MEAN objective, or a π_old certified in the update's own micro-batches, keeps
-        the plain row chunks.
-        """
+    def micro_slices(self, batch: TrajectoryBatch) -> list[slice] | list[list[int]]:
+        """Token-budget micro-batches (``rl.micro_batch_tokens``), else whole groups per
+        micro-batch where :attr:`keeps_groups`: a group's rows are brought together (a
+        permutation within one optimizer step) and groups packed into micro-batches
+        (``group_chunks``)."""
         if self.micro_batch_tokens is not None:
             prompt, response = row_lengths(batch)
             groups = None if self.shared_prefix == "off" else batch.group_ids.tolist()
             return token_chunks(prompt, response, self.micro_batch_tokens, groups)
-        exact_anywhere = self.objective.reduction is Reduction.TOKEN_SUM
-        if (
-            self.shared_prefix == "off"
-            or not exact_anywhere
-            or self.certified_deterministic_forward
-        ):
+        if not self.keeps_groups:
             return super().micro_slices(batch)
         ids = batch.group_ids.tolist()
         order = group_order(ids)
