@@ -89,9 +89,10 @@ def _strategy(key: str, info) -> st.SearchStrategy:
         return st.none() | st.sampled_from(typing.get_args(args[0]))
     if ann is bool:
         return st.booleans()
-    if ann is int:
+    if ann is int or set(args) == {int, type(None)}:
         low = kw.get("min_value", -(2**40)) + (1 if kw.get("exclude_min") else 0)
-        return st.integers(low, kw.get("max_value", 2**40))
+        ints = st.integers(low, kw.get("max_value", 2**40))
+        return ints if ann is int else st.none() | ints
     if ann is float:
         exclusive = {"exclude_min": kw.pop("exclude_min", False)}
         exclusive["exclude_max"] = kw.pop("exclude_max", False)
