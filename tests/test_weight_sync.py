@@ -8,6 +8,8 @@ weights). Equality is bit-for-bit, of the weights and of what the rollout then s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -197,3 +199,25 @@ def test_wire_form_round_trips_bits_and_views_the_tensors():
         back = from_wire(wire[name])
         assert back.dtype == t.dtype and torch.equal(back, t)
         assert wire_bytes(wire[name]) == wire_bytes(t) == t.numel() * t.element_size()
+
+
+def test_each_step_reports_what_its_sync_sent(tiny_dir, tmp_path):
+    """A rollout with its own bfloat16 copy: every step's record says the bytes, tensors and
+    buckets its sync moved (LoRA: the adapters' bytes only, far fewer than the full weights)."""
+    import json
+
+    from posttrain.entrypoints import grpo
+
+    def run(name, *extra):
+        opts = [f"model.name_or_path={tiny_dir}", f"job.output_root={tmp_path}",
+                "placement.sync_bucket_mb=0.02", "rollout.dtype=bfloat16", "rl.max_steps=2",
+                "rl.eval_every=0", "logging.progress=false", f"job.name={name}", *extra]  # fmt: skip
+        cfg = load_config("arithmetic", ["--", *opts])
+        summary = grpo.run(cfg, "arithmetic", opts, grpo.default_out_dir(cfg), build_objective)
+        lines = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(x) for x in lines if '"sync/bytes"' in x]
+
+    full, lora = run("full"), run("lora", *LORA)
+    assert [r["step"] for r in full] == [1, 2]
+    assert full[0]["sync/buckets"] > 1 and full[0]["sync/tensors"] > 0
+    assert 0 < lora[0]["sync/bytes"] < full[0]["sync/bytes"] / 10

@@ -231,7 +231,7 @@ class OnlineBody:
             batch, train_metrics = self._sequential_step(step)
         if batch.samples:
             write_rows(self.run_dir / "samples" / "train" / f"step_{step:06d}.jsonl", batch.samples)
-        record = {**batch.metrics, **train_metrics, **batch.times}
+        record = {**batch.metrics, **train_metrics, **batch.times, **self.roles.last_sync}
         record["time/step_s"] = time.perf_counter() - t0
         record["perf/rollout_tokens_per_s"] = batch.generated_tokens / max(
             batch.times["time/rollout_s"], 1e-9
