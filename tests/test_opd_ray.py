@@ -16,6 +16,7 @@ from posttrain.config import load_config  # noqa: E402
 from posttrain.entrypoints import opd  # noqa: E402
 from posttrain.model.tiny import build_tiny_model  # noqa: E402
 from posttrain.run.records import default_out_dir  # noqa: E402
+from posttrain.testing import run_numbers  # noqa: E402
 
 STEPS = 3
 
@@ -45,11 +46,6 @@ def runs(tmp_path_factory, models):
         ray.shutdown()
 
 
-def _comparable(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))
-             and not k.endswith(("per_s", "_s"))} for r in rows]  # fmt: skip
-
-
 def _params(summary) -> dict[str, torch.Tensor]:
     path = Path(summary["run_dir"]) / "checkpoints" / f"step_{STEPS:08d}" / "model"
     return load_file(str(path / "model.safetensors"))
@@ -59,6 +55,6 @@ def test_teacher_actor_gives_the_in_process_numbers(runs):
     a, b = rows_of(runs["local"]["run_dir"]), rows_of(runs["ray"]["run_dir"])
     assert [r["step"] for r in a] == list(range(STEPS + 1))
     assert all(r["train/opd/divergence"] > 0 for r in a[1:])
-    assert _comparable(a) == _comparable(b)  # rewards, losses, divergences: bit-identical
+    assert run_numbers(a) == run_numbers(b)  # rewards, losses, divergences: bit-identical
     pa, pb = _params(runs["local"]), _params(runs["ray"])
     assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)

@@ -33,6 +33,7 @@ from posttrain.entrypoints import grpo  # noqa: E402
 from posttrain.entrypoints.cli import EXIT_RUN_ERROR  # noqa: E402
 from posttrain.model.tiny import build_tiny_model  # noqa: E402
 from posttrain.placement.ray import place_ray  # noqa: E402
+from posttrain.testing import run_numbers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 3
@@ -163,21 +164,13 @@ def runs(cluster, tiny_dir, tmp_path_factory):
     return out
 
 
-def _comparable(rows: list[dict]) -> list[dict]:
-    timing = ("time/", "perf/")
-    return [
-        {k: v for k, v in r.items() if not k.startswith(timing) and not k.endswith(("per_s", "_s"))}
-        for r in rows
-    ]
-
-
 def test_ray_equals_local_exactly(runs, tiny_dir):
     local, ray1 = runs["local"][0], runs["ray1"][0]
     a, b = rows_of(local), rows_of(ray1)
     assert [r["step"] for r in a] == list(range(STEPS + 1))  # step 0: the initial evaluation
     # The rewards vary within groups, so every step moves the weights.
     assert all(r["train/reward_std"] > 0 for r in a[1:])
-    assert _comparable(a) == _comparable(b)  # rewards, losses, grad norms: bit-identical
+    assert run_numbers(a) == run_numbers(b)  # rewards, losses, grad norms: bit-identical
     initial = load_file(str(tiny_dir / "model.safetensors"))
     pa, pb = final_params(local), final_params(ray1)
     assert pa.keys() == pb.keys()
@@ -195,7 +188,7 @@ def test_two_policy_ranks_make_the_single_rank_update(runs):
     fail this test."""
     one, two = runs["local"][0], runs["ray2"][0]
     a, b = rows_of(one), rows_of(two)
-    assert _comparable(a) == _comparable(b)
+    assert run_numbers(a) == run_numbers(b)
     assert all(r["train/objective_weight"] > 0 for r in a[1:])
     pa, pb = final_params(one), final_params(two)
     for k in pa:

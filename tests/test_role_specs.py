@@ -31,7 +31,7 @@ from posttrain.rollout.concat import concat_rollouts
 from posttrain.run import online
 from posttrain.run.records import default_out_dir
 from posttrain.run.session import RunSession
-from posttrain.testing import synthetic_batch
+from posttrain.testing import run_numbers, synthetic_batch
 
 STEPS = 2
 
@@ -212,10 +212,6 @@ def _run(tmp: Path, model: Path, specs, **extra) -> list[dict]:
     return [json.loads(r) for r in rows], seen
 
 
-def _numbers(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
-
-
 def test_local_placement_builds_declared_roles_in_order_on_their_devices(tmp_path, tiny_dir):
     config = load_config("arithmetic", ["--", *_opts(tmp_path, tiny_dir)])
     env = RoleSpec("env", Counter, holds_model=False)
@@ -229,7 +225,7 @@ def test_the_length_role_reaches_the_policy_and_changes_no_number(tmp_path, tiny
     assert all("time/length_s" in r for r in rows[1:])
     assert sum(seen) == STEPS * 4  # every row of every step's batch, as micro-batches
     plain, _ = _run(tmp_path / "without", tiny_dir, ())
-    assert _numbers(rows) == _numbers(plain)  # a column nobody reads leaves the math alone
+    assert run_numbers(rows) == run_numbers(plain)  # a column nobody reads leaves the math alone
 
 
 def test_the_length_role_under_ray_gives_the_local_numbers(tmp_path, tiny_dir):
@@ -254,4 +250,4 @@ def test_the_length_role_under_ray_gives_the_local_numbers(tmp_path, tiny_dir):
         ray.shutdown()
     local, _ = _run(tmp_path / "local", tiny_dir, (LENGTH,))
     assert sum(seen) == STEPS * 4 and all("time/length_s" in r for r in remote[1:])
-    assert _numbers(remote) == _numbers(local)
+    assert run_numbers(remote) == run_numbers(local)

@@ -290,3 +290,18 @@ def synthetic_batch(
         rewards=rewards,
         rollout_logprobs=rollout_logprobs * response_mask,
     )
+
+
+#: Record keys that describe how a run was placed, not what it computed: timings, rates and
+#: what a weight sync moved (nothing moves in-process when the rollout shares the policy).
+PLACEMENT_FACTS = ("time/", "perf/", "sync/")
+
+
+def run_numbers(rows: Sequence[dict]) -> list[dict]:
+    """A run's metric records without its placement facts: what two placements of one run
+    must agree on bit for bit."""
+    return [
+        {k: v for k, v in r.items() if not k.startswith(PLACEMENT_FACTS) and "per_s" not in k
+         and not k.endswith("_s")}
+        for r in rows
+    ]  # fmt: skip
