@@ -39,9 +39,10 @@ def comparable(rows: list[dict]) -> list[dict]:
 
 
 def slow_digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
-    """Varies across an untrained model's samples; slow enough that a step lasts ~0.5 s, so a
-    kill lands mid-run."""
-    time.sleep(0.03)
+    """Varies across an untrained model's samples; in the driver that is killed, slow enough
+    that a step lasts ~0.5 s, so the kill lands mid-run (the value never depends on it)."""
+    if os.environ.get("LAG_TEST_SLOW_REWARD"):
+        time.sleep(0.03)
     return float(sum(c.isdigit() for c in completion))
 
 
@@ -139,7 +140,8 @@ def test_kill_9_then_resume_auto_continues_bit_exactly(straight, cluster, tiny_d
     opts = opts_for(tmp_path, tiny_dir, **{"placement.ray_address": cluster})
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO / 'tests'}"}
     cmd = [sys.executable, "-m", "posttrain.entrypoints.grpo", "--config", "arithmetic", "--"]
-    driver = subprocess.Popen([*cmd, *opts], cwd=tmp_path, env=env, text=True,
+    driver = subprocess.Popen([*cmd, *opts], cwd=tmp_path, env={**env, "LAG_TEST_SLOW_REWARD": "1"},
+                              text=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     ckpts = run_dir(tmp_path) / "checkpoints"
     deadline = time.monotonic() + 180
