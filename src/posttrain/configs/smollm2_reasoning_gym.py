@@ -79,6 +79,10 @@ def build_config() -> PosttrainConfig:
     cfg.rl.lr = 2e-4
     cfg.rl.mini_batch_per_replica = 1
     cfg.rl.micro_batch_size = 16
+    # Update micro-batches by token budget (about 4 rows of ~130 tokens): measured on 2 threads,
+    # 2 steps, peak RSS 5.13 -> 2.34 GB and the update 33 -> 28 s against 16-row micro-batches
+    # (benchmarks/memory_profile.py; docs/guides/performance.md, Memory).
+    cfg.rl.micro_batch_tokens = 520
     cfg.rl.grad_clip = 1.0
     cfg.rl.max_steps = 30
     cfg.rl.eval_every = 10
