@@ -29,13 +29,10 @@ from posttrain.config import load_config  # noqa: E402
 from posttrain.config.build import build_objective  # noqa: E402
 from posttrain.entrypoints import grpo  # noqa: E402
 from posttrain.model.tiny import build_tiny_model  # noqa: E402
+from posttrain.testing import run_numbers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
-
-
-def comparable(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
 
 
 def slow_digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
@@ -178,7 +175,7 @@ def test_opd_teacher_scores_on_the_data_side_under_a_lag(cluster, tmp_path):
             "placement.cpus_per_role": 0.4, "rl.off_policy_lag": k,
         })  # fmt: skip
         config = load_config(RECIPE, ["--", *opts])
-        out[k] = comparable(
+        out[k] = run_numbers(
             rows_of(opd.run(config, RECIPE, opts, grpo.default_out_dir(config))["run_dir"])
         )
     assert [r["train/offpolicy/staleness"] for r in out[1][1:]] == [0.0, 1.0, 1.0]
