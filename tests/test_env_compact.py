@@ -121,7 +121,7 @@ def test_arithmetic_env_pays_the_first_call_only() -> None:
     assert again.reward is None and again.messages[0]["content"] == "579"
     env.reset({"prompt": "1+2=", "answer": "3"})
     unclosed = env.step(assistant("<tool_call>1+"))
-    assert unclosed.reward == pytest.approx(0.2 * 2 / 3)  # no credit for closing
+    assert unclosed.reward == pytest.approx(0.05 + 0.2 * 2 / 3)  # no credit for closing
     env.reset({"prompt": "1+2=", "answer": "3"})
     final = env.step(assistant("3"))
     assert final.done and final.reward is None

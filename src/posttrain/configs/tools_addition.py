@@ -6,8 +6,9 @@ numbers of up to three digits is out of its reach in the step budget; with the c
 a copy task: copy the expression into ``<tool_call>...</tool_call>`` (the compact call form),
 then copy the tool's answer. Nothing tells the model about the tool; it is found by reward alone:
 
-- the environment (``posttrain.env.arithmetic``) pays up to 0.3 for the first call's copy of the
-  expression (a term of the score next to the verifier's, ``train/reward_env_mean``);
+- the environment (``posttrain.env.arithmetic``) pays up to 0.3 for the first call (opening it,
+  closing it, copying the expression): a term of the score next to the verifier's
+  (``train/reward_env_mean``);
 - ``digit_match`` pays a little for a final answer whose digits are partly right, the exact
   verifier 1 for a right one;
 - the KL anchor to the random init, 16 samples per prompt and the optimiser of

@@ -3,11 +3,11 @@
 A tiny model trained from random weights has to find the tool before it can use it, and a right
 call (``<tool_call>123+456</tool_call>``, the expression copied from the prompt) is a needle in
 a haystack. So the environment's reward (a term of the trajectory's score, next to the verifier
-and ``reward.functions``) pays partial credit for the first call of an episode: ``CALL_CREDIT``
-for a closed call, plus ``COPY_CREDIT`` times the share of the expression's characters its body
-gets right, position by position (a body longer than the expression counts its extra characters
-as wrong). A call that copies the expression exactly earns 0.3; the right final answer earns
-the verifier's 1 on top. The model is never told about the tool (no system turn): a prompt is
+and ``reward.functions``) pays partial credit for the first call of an episode: ``OPEN_CREDIT``
+for opening one, ``CLOSE_CREDIT`` more for closing it, plus ``COPY_CREDIT`` times the share of
+the expression's characters its body gets right, position by position (a body longer than the
+expression counts its extra characters as wrong). A call that copies the expression exactly
+earns 0.3; the right final answer earns the verifier's 1 on top. The model is never told about the tool (no system turn): a prompt is
 the problem, ``123+456=``, and the tool is found by reward alone.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 from posttrain.env.base import EnvStep, Message
 from posttrain.env.tools import CALCULATOR, CALL_CLOSE, CALL_OPEN, ToolsEnv
 
-#: The environment's reward for a closed call (any body), and for one that copies exactly.
-CALL_CREDIT, COPY_CREDIT = 0.1, 0.2
+#: The environment's reward for opening a call, for closing it, and for an exact copy.
+OPEN_CREDIT, CLOSE_CREDIT, COPY_CREDIT = 0.05, 0.05, 0.2
 
 
 def call_body(text: str) -> tuple[str, bool] | None:
@@ -66,7 +66,8 @@ class ArithmeticToolEnv(ToolsEnv):
             return answer
         self._called = True
         body, closed = call
-        reward = CALL_CREDIT * closed + COPY_CREDIT * copy_credit(body, self._expression)
+        copied = copy_credit(body, self._expression)
+        reward = OPEN_CREDIT + CLOSE_CREDIT * closed + COPY_CREDIT * copied
         return EnvStep(answer.messages, answer.done, reward, answer.info)
 
 
