@@ -69,3 +69,15 @@ def test_the_demo_recipes_train_and_summarise(tmp_path) -> None:
     lines = out.stdout.splitlines()
     assert lines[1].startswith("with the calculator") and lines[2].startswith("without it")
     assert lines[-1].startswith("target (>= 0.9 with the tool, <= 0.3 without): ")
+
+
+def test_exact_digits_draws_operands_of_that_many_digits() -> None:
+    from posttrain.data.tasks.arithmetic import arithmetic_space, make_arithmetic_source
+
+    src = make_arithmetic_source(seed=0, digits=3, operators="+", train_size=200, val_size=50,
+                                 exact_digits=True)  # fmt: skip
+    items = [*src._train, *src.val_items()]
+    assert all(100 <= it.meta["a"] <= 999 and 100 <= it.meta["b"] <= 999 for it in items)
+    assert not {it.prompt for it in src.val_items()} & {it.prompt for it in src._train}
+    assert arithmetic_space(3, "+", exact_digits=True) == 900**2
+    assert arithmetic_space(1, "+", exact_digits=True) == 100  # one digit: 0..9 either way

@@ -103,7 +103,8 @@ def test_copy_credit_by_position() -> None:
     assert copy_credit("123+4", "123+456") == pytest.approx(5 / 7)
     assert copy_credit("123+4567", "123+456") == pytest.approx(7 / 8)
     assert copy_credit("", "123+456") == 0.0
-    assert call_body("x<tool_call>12</tool_call>y") == ("12", True)
+    assert call_body("<tool_call>12</tool_call>y") == ("12", True)
+    assert call_body("x<tool_call>12</tool_call>") is None  # only a turn that opens with it
     assert call_body("<tool_call>12") == ("12", False)
     assert call_body("12") is None
 
@@ -115,13 +116,21 @@ def test_arithmetic_env_pays_the_first_call_only() -> None:
         {"role": "user", "content": "123+456="}
     ]
     first = env.step(assistant("<tool_call>123+45</tool_call>"))
-    assert first.reward == pytest.approx(0.1 + 0.2 * 6 / 7)
+    assert first.reward == pytest.approx(0.1 + 0.4 * 6 / 7)
     assert first.messages == [{"role": "tool", "name": "calculator", "content": "168"}]
     again = env.step(assistant("<tool_call>123+456</tool_call>"))
     assert again.reward is None and again.messages[0]["content"] == "579"
     env.reset({"prompt": "1+2=", "answer": "3"})
     unclosed = env.step(assistant("<tool_call>1+"))
-    assert unclosed.reward == pytest.approx(0.05 + 0.2 * 2 / 3)  # no credit for closing
+    assert unclosed.reward == pytest.approx(0.05 + 0.4 * 2 / 3)  # no credit for closing
     env.reset({"prompt": "1+2=", "answer": "3"})
     final = env.step(assistant("3"))
     assert final.done and final.reward is None
+
+
+def test_arithmetic_env_answers_a_failed_call_with_error_alone() -> None:
+    env = ArithmeticToolEnv()
+    env.reset({"prompt": "1+2=", "answer": "3"})
+    step = env.step(assistant("<tool_call>1+</tool_call>"))
+    assert step.messages == [{"role": "tool", "name": "calculator", "content": "error"}]
+    assert step.info["tool_errors"] == 1

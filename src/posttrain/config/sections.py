@@ -161,6 +161,11 @@ class DataConfig(Section):
     digits: int = Field(
         2, ge=1, le=18, description="Digits per operand; read only for `task=arithmetic`."
     )
+    exact_digits: bool = Field(
+        False,
+        description="Operands have exactly `data.digits` digits (100..999 for 3) instead of up "
+        "to that many (0..999); read only for `task=arithmetic`.",
+    )
     operators: str = Field(
         "+",
         description="Operators to draw from, a subset of `+-*` without repeats, e.g. `+-`; "

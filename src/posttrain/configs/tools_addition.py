@@ -6,7 +6,7 @@ numbers of up to three digits is out of its reach in the step budget; with the c
 a copy task: copy the expression into ``<tool_call>...</tool_call>`` (the compact call form),
 then copy the tool's answer. Nothing tells the model about the tool; it is found by reward alone:
 
-- the environment (``posttrain.env.arithmetic``) pays up to 0.3 for the first call (opening it,
+- the environment (``posttrain.env.arithmetic``) pays up to 0.5 for the first call (opening it,
   closing it, copying the expression): a term of the score next to the verifier's
   (``train/reward_env_mean``);
 - ``digit_match`` pays a little for a final answer whose digits are partly right, the exact
@@ -33,20 +33,22 @@ def build_config() -> PosttrainConfig:
     cfg.model.init_preset = "arith_tools"
 
     cfg.data.digits = 3
+    cfg.data.exact_digits = True  # 100..999: the call copies from a fixed offset
     cfg.data.operators = "+"
     cfg.data.train_size = 20000
     cfg.data.val_size = 100
-    cfg.data.prompts_per_step = 16
+    cfg.data.prompts_per_step = 8
     cfg.rollout.n = 16
-    # a compact call is 10 tokens with its stop token: <tool_call>123+456</tool_call><eos>
-    cfg.rollout.max_tokens = 10
+    # a compact call is 10 tokens with its stop token (<tool_call>123+456</tool_call><eos>); a
+    # little more leaves room to explore without being cut
+    cfg.rollout.max_tokens = 14
     cfg.reward.functions = ["posttrain.reward.shaping:digit_match"]
 
     cfg.env.name = ENVIRONMENT
     cfg.env.max_turns = 2
-    cfg.env.max_context = 64
+    cfg.env.max_context = 80
 
-    cfg.rl.max_steps = 600
-    cfg.rl.eval_every = 50
-    cfg.rl.save_every = 600
+    cfg.rl.max_steps = 800
+    cfg.rl.eval_every = 100
+    cfg.rl.save_every = 800
     return cfg
