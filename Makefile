@@ -7,7 +7,7 @@ WHEELS := $(wildcard /opt/wheels)
 PIP := $(BIN)/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
 EXTRAS ?= dev,math,reasoning,tracking,ray,diffusion,lora
 
-.PHONY: test demo demo-opd demo-dpo loss-table lint format install docs bench-trl bench-smollm2
+.PHONY: test demo demo-opd demo-dpo demo-tools loss-table lint format install docs bench-trl bench-smollm2
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -51,6 +51,18 @@ demo-opd: install
 	$(BIN)/posttrain opd --config opd_arithmetic
 	$(BIN)/python examples/opd_vs_grpo.py $(OPD_RUN) $(DEMO_RUN)
 	$(BIN)/posttrain plot $(OPD_RUN) $(DEMO_RUN) --metrics val/accuracy,train/reward_accuracy --out $(OPD_RUN)/vs_grpo.png
+
+TOOLS_RUN := outputs/grpo/tools_addition
+NOTOOL_RUN := outputs/grpo/tools_addition_notool
+
+# RL from random weights on three-digit addition with the calculator (multi-turn) and without it
+# (the same recipe, no environment); prints held-out accuracy before/after for both, plots both.
+demo-tools: install
+	rm -rf $(TOOLS_RUN) $(NOTOOL_RUN)
+	$(BIN)/posttrain grpo --config tools_addition
+	$(BIN)/posttrain grpo --config tools_addition_notool
+	$(BIN)/python examples/tools_demo_summary.py $(TOOLS_RUN) $(NOTOOL_RUN)
+	$(BIN)/posttrain plot $(TOOLS_RUN) $(NOTOOL_RUN) --metrics val/accuracy,train/reward_mean --out $(TOOLS_RUN)/vs_notool.png
 
 # Every GRPO-family surrogate variant on one seeded batch, as a table (no training).
 loss-table: install

@@ -77,15 +77,6 @@ def pid_chatty() -> PidChatty:
     return PidChatty()
 
 
-class Rewarding(Chatty):
-    def step(self, messages):
-        return EnvStep(done=True, reward=1.0)
-
-
-def rewarding() -> Rewarding:
-    return Rewarding()
-
-
 def some_groups_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
     """:func:`length_reward` on about half the prompts, 0 on the rest: uninformative groups, so
     dynamic sampling samples more rounds."""

@@ -23,7 +23,7 @@ def test_single_turn_is_the_default() -> None:
     ("opt", "line"),
     [
         ("env.name=calculater", "invalid config value env.name: 'calculater' is neither a "
-         "built-in environment (calculator, tools) nor a 'module:function' reference"),
+         "built-in environment (calculator, calculator_compact, tools) nor a 'module:function' reference"),
         ("env.max_turns=0", "env.max_turns: Input should be greater than or equal to 1"),
         ("env.max_context=1", "env.max_context: Input should be greater than or equal to 2"),
         ("env.tools=[nocolon]", "env.tools: 'nocolon' is not a 'module:function' reference"),

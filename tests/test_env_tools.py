@@ -233,7 +233,7 @@ def test_user_environment_from_working_directory(tmp_path, monkeypatch) -> None:
         "my_env_mod:lam": "lambda or nested function",
         "my_env_mod:absent": "has no attribute 'absent'",
         "no_such_env_mod:make": "cannot import module 'no_such_env_mod'",
-        "nocolon": "expected 'module:function' (one colon) (or a built-in name: calculator, tools)",
+        "nocolon": "expected 'module:function' (one colon) (or a built-in name: calculator, calculator_compact, tools)",
         "tools": "names no tools",
     }
     for spec, message in cases.items():

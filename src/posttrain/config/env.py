@@ -10,7 +10,7 @@ from posttrain.config.base import Section
 
 _FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 #: Built-in environment names (``posttrain.env.base.BUILTIN`` plus ``tools``).
-BUILTIN_NAMES = ("calculator", "tools")
+BUILTIN_NAMES = ("calculator", "calculator_compact", "tools")
 
 
 class EnvConfig(Section):
@@ -22,7 +22,8 @@ class EnvConfig(Section):
     name: str = Field(
         "",
         description="The environment: `calculator` (the built-in tools environment with the "
-        "calculator), `tools` (the functions listed in `env.tools`), or a `module:function` "
+        "calculator), `calculator_compact` (the same, called as `<tool_call>123+456</tool_call>`, "
+        "for tiny models), `tools` (the functions listed in `env.tools`), or a `module:function` "
         "returning an environment (importable from the working directory). Empty: no "
         "environment, single-turn rollouts. Runs in the reward role's process.",
     )

@@ -117,7 +117,7 @@ class ModelConfig(Section):
         description="torch.compile the micro-batch forward and log-prob (the first step of each "
         "new shape pays the compilation). Worth it on a GPU; on the CPU it rarely pays off.",
     )
-    init_preset: Literal["tiny", "small", "arith"] | None = Field(
+    init_preset: Literal["tiny", "small", "arith", "arith_tools"] | None = Field(
         None,
         description="When set and `model.name_or_path` does not exist yet, the entry builds a "
         "randomly initialised Llama-architecture model of this preset with a char-level "
@@ -160,6 +160,11 @@ class DataConfig(Section):
     )
     digits: int = Field(
         2, ge=1, le=18, description="Digits per operand; read only for `task=arithmetic`."
+    )
+    exact_digits: bool = Field(
+        False,
+        description="Operands have exactly `data.digits` digits (100..999 for 3) instead of up "
+        "to that many (0..999); read only for `task=arithmetic`.",
     )
     operators: str = Field(
         "+",

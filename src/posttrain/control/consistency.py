@@ -96,7 +96,7 @@ def arithmetic_sizes_fit(cfg: PosttrainConfig) -> str | None:
     d = cfg.data
     if d.task != "arithmetic":
         return None
-    space = arithmetic_space(d.digits, d.operators)
+    space = arithmetic_space(d.digits, d.operators, d.exact_digits)
     if d.train_size + d.val_size <= space:
         return None
     return (

@@ -51,7 +51,7 @@ def build_tasks(config: PosttrainConfig) -> TaskSource:
     d = config.data
     return make_task_source(
         d.task, seed=config.job.seed, digits=d.digits, operators=d.operators,
-        train_size=d.train_size, val_size=d.val_size, train_path=d.train_path,
+        exact_digits=d.exact_digits, train_size=d.train_size, val_size=d.val_size, train_path=d.train_path,
         val_path=d.val_path, reasoning_gym_dataset=d.reasoning_gym_dataset,
         reasoning_gym_options=d.reasoning_gym_options,
     )  # fmt: skip

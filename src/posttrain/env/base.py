@@ -67,6 +67,7 @@ class EnvironmentFailedError(RuntimeError):
 #: Short names of the built-in environments -> their factories.
 BUILTIN: dict[str, str] = {
     "calculator": "posttrain.env.tools:calculator_environment",
+    "calculator_compact": "posttrain.env.tools:compact_calculator_environment",
 }
 
 EnvFactory = Callable[[], Environment]

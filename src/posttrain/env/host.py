@@ -13,12 +13,7 @@ from typing import Any
 
 from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.data.tasks import TaskItem
-from posttrain.env.base import (
-    EnvironmentFailedError,
-    environment_tools,
-    load_environment,
-    make_environment,
-)
+from posttrain.env.base import environment_tools, load_environment, make_environment
 from posttrain.env.episode import Episode, EpisodeBatch, EpisodeLimits, TurnRequest
 from posttrain.env.render import check_template
 
@@ -74,11 +69,4 @@ class EpisodeHost:
         if self._batch is None:
             raise RuntimeError("close_episodes before open_episodes")
         episodes, self._batch = self._batch.episodes(), None
-        rewarded = [i for i, e in enumerate(episodes) if e.reward is not None]
-        if rewarded:  # refused rather than silently dropped
-            raise EnvironmentFailedError(
-                f"{self.name} on item {rewarded[0]}: gave a reward, which training does not read "
-                "yet (the verifier and reward.functions score the last turn); return "
-                "EnvStep(reward=None) and score in a reward function"
-            )
         return episodes

@@ -16,6 +16,11 @@ wrong arguments, an exception, a timeout) is answered to the model as that call'
 ``error: ...`` and counted: ``tool_calls`` (every attempted call), ``tool_errors`` (failed calls,
 timeouts included) and ``tool_timeouts``.
 
+**The compact form** (``call_format="compact"``), for tiny models that cannot write JSON: with
+exactly one tool taking one string argument, the call's body *is* that argument,
+``<tool_call>123+456</tool_call>``. It is an explicit choice of the environment (the built-in
+``calculator_compact``), never guessed from the text; an unclosed call is still a tool error.
+
 **Templates without tools.** A chat template that ignores ``tools=`` and has no ``tool`` role
 (e.g. the tiny models' own) gets ``native_tools=False``: the schemas and the call format are
 written into a system message, and each result comes back as a ``user`` message
@@ -28,7 +33,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from transformers.utils import get_json_schema
 
@@ -117,12 +122,46 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     return calls
 
 
-def fallback_system_prompt(tools: Sequence[Tool]) -> str:
+def parse_compact_calls(text: str, tool: Tool, argument: str) -> list[ToolCall]:
+    """Every ``<tool_call>BODY</tool_call>`` in ``text`` as a call of ``tool`` with
+    ``{argument: BODY}`` (the compact form); an unclosed opening tag is one malformed call."""
+    calls = [ToolCall(tool.name, {argument: body}) for body in _CALL.findall(text)]
+    if text.count(CALL_OPEN) > len(calls):
+        calls.append(ToolCall("", {}, f"{CALL_OPEN} without {CALL_CLOSE}"))
+    return calls
+
+
+CallFormat = Literal["json", "compact"]
+
+
+def compact_argument(tools: Sequence[Tool]) -> str:
+    """The one string argument the compact form fills, or a one-line error why it cannot."""
+    if len(tools) != 1:
+        raise EnvironmentSpecError(
+            f"tools environment: call_format='compact' needs exactly one tool, got "
+            f"{[t.name for t in tools]}; use call_format='json' for several"
+        )
+    params = tools[0].schema["function"].get("parameters", {})
+    props = params.get("properties", {})
+    strings = [k for k, v in props.items() if v.get("type") == "string"]
+    if len(props) != 1 or len(strings) != 1:
+        raise EnvironmentSpecError(
+            f"tools environment: call_format='compact' needs a tool with one string argument; "
+            f"{tools[0].name!r} takes {sorted(props)}; use call_format='json'"
+        )
+    return strings[0]
+
+
+def fallback_system_prompt(tools: Sequence[Tool], call_format: CallFormat = "json") -> str:
     """The system message that teaches tools to a template without ``tools`` support."""
+    if call_format == "compact":
+        how = f"To call it, write {CALL_OPEN}<{compact_argument(tools)}>{CALL_CLOSE}"
+    else:
+        how = f'To call one, write {CALL_OPEN}{{"name": <tool name>, "arguments": {{...}}}}{CALL_CLOSE}'
     lines = [
         "You may call these tools:",
         *(json.dumps(t.schema["function"]) for t in tools),
-        f'To call one, write {CALL_OPEN}{{"name": <tool name>, "arguments": {{...}}}}{CALL_CLOSE}',
+        how,
         f"Results come back as {RESPONSE_OPEN}...{RESPONSE_CLOSE}.",
     ]
     return "\n".join(lines)
@@ -150,8 +189,15 @@ class ToolsEnv:
         system: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_calls_per_turn: int = DEFAULT_MAX_CALLS,
+        call_format: CallFormat = "json",
     ) -> None:
         self.tool_list = tuple(tools)
+        if call_format not in ("json", "compact"):
+            raise EnvironmentSpecError(
+                f"tools environment: call_format must be 'json' or 'compact', got {call_format!r}"
+            )
+        self.call_format = call_format
+        self._argument = compact_argument(self.tool_list) if call_format == "compact" else None
         names = [t.name for t in self.tool_list]
         if len(set(names)) != len(names):
             raise EnvironmentSpecError(f"tools environment: two tools share a name in {names}")
@@ -169,7 +215,7 @@ class ToolsEnv:
     def reset(self, item: dict[str, Any]) -> list[Message]:
         system = self.system
         if not self.native_tools:
-            fallback = fallback_system_prompt(self.tool_list)
+            fallback = fallback_system_prompt(self.tool_list, self.call_format)
             system = f"{system}\n{fallback}" if system else fallback
         opening = [{"role": "system", "content": system}] if system else []
         return [*opening, {"role": "user", "content": str(item["prompt"])}]
@@ -189,8 +235,14 @@ class ToolsEnv:
             return {"role": "tool", "name": name, "content": text}
         return {"role": "user", "content": f"{RESPONSE_OPEN}{text}{RESPONSE_CLOSE}"}
 
+    def parse(self, text: str) -> list[ToolCall]:
+        """The calls in an assistant turn, in this environment's call format."""
+        if self._argument is not None:
+            return parse_compact_calls(text, self.tool_list[0], self._argument)
+        return parse_tool_calls(text)
+
     def step(self, messages: list[Message]) -> EnvStep:
-        calls = parse_tool_calls(str(messages[-1].get("content", "")))
+        calls = self.parse(str(messages[-1].get("content", "")))
         if not calls:
             return EnvStep(done=True, info={"tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0})
         outcomes = [self._run(call, i) for i, call in enumerate(calls)]
@@ -206,6 +258,12 @@ class ToolsEnv:
 CALCULATOR = make_tool(calculator)
 
 
-def calculator_environment(native_tools: bool = True) -> ToolsEnv:
+def calculator_environment(native_tools: bool = True, call_format: CallFormat = "json") -> ToolsEnv:
     """The built-in ``calculator`` environment (``functools.partial`` it to change the mode)."""
-    return ToolsEnv([CALCULATOR], native_tools=native_tools)
+    return ToolsEnv([CALCULATOR], native_tools=native_tools, call_format=call_format)
+
+
+def compact_calculator_environment() -> ToolsEnv:
+    """The built-in ``calculator_compact``: the calculator called as
+    ``<tool_call>123+456</tool_call>`` (the compact form, for tiny models)."""
+    return calculator_environment(call_format="compact")

@@ -8,12 +8,15 @@ preset    hidden  layers  heads  kv     ffn    parameters
 tiny      48      3       4      4      160    101,856
 small     512     8       8      8      1376   25,356,288
 arith     32      2       4      4      128    34,336
+arith_tools 64    2       4      4      256    135,232
 ========  ======  ======  =====  =====  =====  ============
 
 ``arith`` is the arithmetic demo's model: the 22-token arithmetic alphabet (digits, operators,
 ``=``, space and the specials) and untied embeddings. Sampling from random weights over 22
 tokens rather than 99 finds well-formed numbers far more often, which is what lets RL from scratch
-get going.
+get going. ``arith_tools`` is the tools demo's (``make demo-tools``): that alphabet plus the
+letters and newline of the tools chat template's roles (``U:``, ``A:``), the four tool-call
+markers as single tokens, and that template.
 
 (exact numbers: ``count_parameters`` on a built model; the tests pin them.)
 """
@@ -41,6 +44,7 @@ from posttrain.model.tokenizer import (
     CHARACTERS,
     EOS,
     PAD,
+    TOOL_MARKERS,
     build_char_tokenizer,
     char_vocab,
     save_char_tokenizer,
@@ -67,12 +71,20 @@ class TinyPreset:
     max_position_embeddings: int
     characters: tuple[str, ...] = CHARACTERS
     tie_word_embeddings: bool = True
+    #: The tool-call markers and the tools chat template (:mod:`posttrain.env.chat_template`).
+    tools: bool = False
 
+
+#: ``arith_tools``: the arithmetic alphabet plus the tools chat template's roles (``U:``, ``A:``).
+TOOLS_ARITHMETIC_CHARACTERS: tuple[str, ...] = (*ARITHMETIC_CHARACTERS, "U", "A", ":", "\n")
 
 PRESETS: dict[str, TinyPreset] = {
     "tiny": TinyPreset(48, 3, 4, 4, 160, 256),
     "small": TinyPreset(512, 8, 8, 8, 1376, 1024),
     "arith": TinyPreset(32, 2, 4, 4, 128, 64, ARITHMETIC_CHARACTERS, tie_word_embeddings=False),
+    "arith_tools": TinyPreset(
+        64, 2, 4, 4, 256, 128, TOOLS_ARITHMETIC_CHARACTERS, tie_word_embeddings=False, tools=True
+    ),
 }
 
 
@@ -83,7 +95,7 @@ def tiny_config(preset: str) -> LlamaConfig:
     p = PRESETS[preset]
     vocab = char_vocab(p.characters)
     return LlamaConfig(
-        vocab_size=len(vocab),
+        vocab_size=len(vocab) + (len(TOOL_MARKERS) if p.tools else 0),
         hidden_size=p.hidden_size,
         num_hidden_layers=p.num_hidden_layers,
         num_attention_heads=p.num_attention_heads,
@@ -96,6 +108,16 @@ def tiny_config(preset: str) -> LlamaConfig:
         tie_word_embeddings=p.tie_word_embeddings,
         attention_dropout=0.0,
     )
+
+
+def preset_tokenizer(preset: str):
+    """The char-level tokenizer of a preset (with the tool markers and template for ``tools``)."""
+    p = PRESETS[preset]
+    if p.tools:
+        from posttrain.env.chat_template import build_tools_tokenizer
+
+        return build_tools_tokenizer(p.characters)
+    return build_char_tokenizer(p.characters)
 
 
 def count_parameters(model: torch.nn.Module) -> int:
@@ -123,7 +145,7 @@ def build_tiny_model(preset: str, out_dir: str | Path, seed: int = 0) -> Path:
             model = LlamaForCausalLM(config)
         model.generation_config.pad_token_id = config.pad_token_id
         model.save_pretrained(tmp, safe_serialization=True)
-        save_char_tokenizer(build_char_tokenizer(PRESETS[preset].characters), tmp)
+        save_char_tokenizer(preset_tokenizer(preset), tmp)
         _fsync_tree(tmp)
         _move_into_place(tmp, out)
     finally:

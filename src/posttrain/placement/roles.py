@@ -274,9 +274,13 @@ class RewardRole:
         result.metrics.update(env_metrics(result.batch))  # {} for single-turn rollouts
         return result
 
-    def evaluate(self, completions: Sequence[str], items: Sequence[TaskItem]):
-        """Held-out metrics and the per-row scores behind them (each row scored once)."""
-        scores = self.stage.score(list(completions), list(items))
+    def evaluate(
+        self, completions: Sequence[str], items: Sequence[TaskItem], env: Tensor | None = None
+    ):
+        """Held-out metrics and the per-row scores behind them (each row scored once); ``env``:
+        the rows' environment rewards (a multi-turn evaluation's ``env_reward`` column)."""
+        env_rewards = None if env is None else env.tolist()
+        scores = self.stage.score(list(completions), list(items), env=env_rewards)
         return self.stage.metrics_of(scores), scores
 
 

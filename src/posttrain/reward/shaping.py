@@ -48,3 +48,23 @@ def unmarked_answer_credit(prompt: str, completion: str, answer: str, meta: dict
     if marked_answer(completion) is not None or extract_answer(completion) == answer.strip():
         return 0.0
     return UNMARKED_CREDIT if last_number(completion) == answer.strip() else 0.0
+
+
+def digit_match(prompt: str, completion: str, answer: str, meta: dict) -> float:
+    """0.1 for a well-formed integer, plus up to 0.2 for the share of the answer's digits it
+    writes right, position by position from the left (extra or missing digits count as wrong).
+
+    Denser than :func:`numeric_closeness` for long answers: copying ``579`` digit by digit (or
+    getting its first digit right) earns credit before the whole number does. An exact answer
+    gets 0 here (the verifier gives it 1), so the total is 1 for right, below 0.3 otherwise.
+    """
+    text = extract_answer(completion)
+    gold = answer.strip()
+    if text == gold:
+        return 0.0
+    try:
+        int(text)
+    except ValueError:
+        return 0.0
+    hits = sum(a == b for a, b in zip(text, gold, strict=False))
+    return 0.1 + 0.2 * hits / max(len(text), len(gold))

@@ -5,9 +5,12 @@ Reward of one row (a response to a task item)::
     reward = verifier(completion, item)                      # in [0, 1]; 1 = correct
            + format_weight * follows_format(completion)      # 0/1: one non-empty \\boxed{}
            + sum(fn(item.prompt, completion, item.answer, item.meta) for fn in functions)
+           + env_reward                                      # multi-turn: the environment's
            - overlong_penalty * min(1, max(0, L - (max_tokens - overlong_buffer)) / overlong_buffer)
 
-The last term (DAPO's soft overlong punishment, on when ``overlong_buffer > 0``) needs the
+``env_reward`` is what a multi-turn rollout's environment gave the trajectory (the sum of its
+``EnvStep.reward`` values, 0 when it gave none; the ``env_reward`` batch column), summed like a
+reward function's value. The last term (DAPO's soft overlong punishment, on when ``overlong_buffer > 0``) needs the
 response's token length ``L``, so it applies to rollout batches, not to held-out scoring.
 Accuracy counts the rows whose verifier score is 1. Advantages come from
 :func:`posttrain.algorithm.annotators.advantage.group_advantages` over the total reward, with
@@ -46,6 +49,9 @@ from posttrain.reward.functions import (
 )
 from posttrain.reward.verifiers import VerifierName, get_verifier
 
+#: The batch column of a multi-turn rollout holding each row's environment reward.
+ENV_REWARD_COLUMN = "env_reward"
+
 
 @dataclass(frozen=True)
 class RowScores:
@@ -56,12 +62,14 @@ class RowScores:
     correct: Tensor  # bool: verifier score == 1
     format_ok: Tensor  # bool
     functions: dict[str, Tensor]
+    env: Tensor | None = None  # the environment's reward (multi-turn rollouts only)
 
     def select(self, rows: Tensor) -> RowScores:
         """The scores of ``rows`` (an index or bool mask), in order."""
         return RowScores(
             self.rewards[rows], self.verifier[rows], self.correct[rows], self.format_ok[rows],
             {k: v[rows] for k, v in self.functions.items()},
+            None if self.env is None else self.env[rows],
         )  # fmt: skip
 
     @staticmethod
@@ -71,6 +79,7 @@ class RowScores:
         return RowScores(
             cat("rewards"), cat("verifier"), cat("correct"), cat("format_ok"),
             {k: torch.cat([p.functions[k] for p in parts]) for k in parts[0].functions},
+            None if parts[0].env is None else cat("env"),
         )  # fmt: skip
 
 
@@ -157,8 +166,12 @@ class RewardStage:
         completions: Sequence[str],
         items: Sequence[TaskItem],
         sample_ids: Sequence[int] | None = None,
+        env: Sequence[float] | None = None,
     ) -> RowScores:
-        """Score rows ``i`` = (``completions[i]``, ``items[i]``); no group logic (validation)."""
+        """Score rows ``i`` = (``completions[i]``, ``items[i]``); no group logic (validation).
+
+        ``env``: each row's environment reward (multi-turn rollouts), a term of its total.
+        """
         if len(completions) != len(items):
             raise ValueError(
                 f"reward stage: {len(completions)} completions but {len(items)} task items"
@@ -166,7 +179,9 @@ class RewardStage:
         ids = list(range(len(items))) if sample_ids is None else [int(s) for s in sample_ids]
         if len(ids) != len(items):
             raise ValueError(f"reward stage: {len(ids)} sample ids for {len(items)} rows")
-        ver, fmt, total = [], [], []
+        if env is not None and len(env) != len(items):
+            raise ValueError(f"reward stage: {len(env)} environment rewards for {len(items)} rows")
+        ver, fmt, total, env_vals = [], [], [], []
         fn_vals: dict[str, list[float]] = {f.spec: [] for f in self.functions}
         for i, (completion, item) in enumerate(zip(completions, items, strict=True)):
             where = _row_name(i, ids[i], item)
@@ -185,6 +200,10 @@ class RewardStage:
                 )
                 fn_vals[f.spec].append(x)
                 r += x
+            if env is not None:
+                x = checked_reward(lambda e=env[i]: e, "the environment's reward", where)
+                env_vals.append(x)
+                r += x
             if not abs(r) <= MAX_ABS_REWARD:  # NaN fails too
                 raise RewardError(
                     f"total reward is {r:g} on {where}: it must satisfy |reward| <= "
@@ -201,6 +220,7 @@ class RewardStage:
             correct=verifier >= 1.0,
             format_ok=torch.tensor(fmt, dtype=torch.bool),
             functions={k: torch.tensor(v, dtype=f64) for k, v in fn_vals.items()},
+            env=None if env is None else torch.tensor(env_vals, dtype=f64),
         )
 
     @staticmethod
@@ -229,7 +249,9 @@ class RewardStage:
                 f"{len(items)} task items (one each per row)"
             )
         _check_groups_share_items(batch.group_ids, items)
-        scores = self.score(completions, items, batch.sample_ids.tolist())
+        env = batch.columns.get(ENV_REWARD_COLUMN)
+        env = None if env is None else env.tolist()
+        scores = self.score(completions, items, batch.sample_ids.tolist(), env)
         if not self.overlong_buffer:
             return scores
         return dataclasses.replace(scores, rewards=scores.rewards - self._overlong(batch))
@@ -252,7 +274,8 @@ class RewardStage:
         ``reward/mean``, ``reward/std`` (population std over the batch), ``reward/accuracy``,
         ``reward/verifier_mean``, ``reward/format_frac``, ``reward/response_length_mean``
         (loss tokens before any shared-prefix masking), ``reward/fn/<spec>_mean`` per user
-        function, the annotator's stats as ``reward/<name>`` (``zero_variance_group_frac``),
+        function, ``reward/env_mean`` for a multi-turn rollout (the environment's reward), the
+        annotator's stats as ``reward/<name>`` (``zero_variance_group_frac``),
         ``reward/truncated_frac`` when ``truncated`` is given, and
         ``reward/shared_prefix_masked_frac`` (share of loss tokens masked) when masking is on,
         ``reward/overlong_penalty_mean`` when the overlong punishment is on. ``mask_truncated``
@@ -290,6 +313,8 @@ class RewardStage:
             "reward/response_length_mean": _mean(lengths),
         }
         metrics.update({f"reward/fn/{k}_mean": _mean(v) for k, v in scores.functions.items()})
+        if scores.env is not None:
+            metrics["reward/env_mean"] = _mean(scores.env)
         metrics.update({f"reward/{k}": float(v) for k, v in stats.items()})
         if truncated is not None:
             if truncated.shape != (n,):

@@ -10,7 +10,8 @@ the opening prompt, the response region everything after it (policy turns *and* 
 all attended), and ``response_mask`` marks the policy's tokens only. That mask is the one path
 by which the loss, entropy, KL, TOKEN_SUM's weight and the logprob metrics skip environment
 tokens; ``rollout_logprobs`` is 0 on them. Per-row counts travel as batch columns
-(:data:`COLUMNS`) so they stay aligned through dynamic sampling and reach the reward metrics.
+(:data:`COLUMNS`) so they stay aligned through dynamic sampling and reach the reward metrics;
+the environment's reward travels the same way (``env_reward``) to the reward stage's score.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.env.episode import Episode
+from posttrain.reward.stage import ENV_REWARD_COLUMN
 from posttrain.rollout.base import Rollout
 
 #: Truncation reasons, coded in the ``env_truncation`` column (0: not truncated).
@@ -96,6 +98,10 @@ def episodes_rollout(
         col: torch.as_tensor([float(e.info.get(key, 0)) for e in episodes])
         for col, key in COLUMNS.items()
     }
+    # the environment's reward, a term of the row's score (0 where it gave none)
+    columns[ENV_REWARD_COLUMN] = torch.as_tensor(
+        [0.0 if e.reward is None else float(e.reward) for e in episodes], dtype=torch.float64
+    )
     columns["env_truncation"] = torch.as_tensor(
         [0.0 if e.truncated is None else 1.0 + TRUNCATIONS.index(e.truncated) for e in episodes]
     )

@@ -31,6 +31,7 @@ from posttrain.model.loading import load_tokenizer
 from posttrain.model.tiny import ensure_tiny_model
 from posttrain.placement.specs import RoleSpec, annotate
 from posttrain.reward.dynamic_sampling import sample_step
+from posttrain.reward.stage import ENV_REWARD_COLUMN
 from posttrain.rollout.multiturn import env_metrics, multiturn_rollout
 from posttrain.run.pipeline import Collected, Pipeline
 from posttrain.run.records import encode_prompts, sample_rows, write_rows, write_samples
@@ -171,7 +172,8 @@ def evaluate(config, roles, tokenizer, items: Sequence[TaskItem], run_dir: Path,
     else:
         prompts = encode_prompts(items, config.data, tokenizer)
         rollout = roles.rollout.generate(prompts, n=1, temperature=0.0, seed=0)
-    metrics, scores = roles.reward.evaluate(rollout.texts, items)
+    env = rollout.batch.columns.get(ENV_REWARD_COLUMN)  # multi-turn: the environment's reward
+    metrics, scores = roles.reward.evaluate(rollout.texts, items, env)
     metrics.update(env_metrics(rollout.batch))
     write_samples(run_dir / "samples" / f"step_{step:06d}.jsonl", items, rollout.texts, scores)
     return {f"val/{k}": v for k, v in metrics.items()}

@@ -72,6 +72,8 @@ def sample_rows(items, completions, scores, advantages=None) -> list[dict]:
             "reward": float(scores.rewards[i]),
             "correct": bool(scores.correct[i]),
         }
+        if scores.env is not None:  # multi-turn: the environment's part of the reward
+            row["env_reward"] = float(scores.env[i])
         if advantages is not None and advantages.dim() == 1:  # per-token ones stay out
             row["advantage"] = float(advantages[i])
         rows.append(row)

@@ -1,7 +1,7 @@
 """Seeded integer arithmetic problems: prompt ``"12+7="``, answer ``"19"``.
 
 Each operand is drawn uniformly from ``0 .. 10**digits - 1`` (so "2 digits" means up to two
-digits). Operators come from ``"+-*"``; ``-`` may give a negative answer (``"3-7="`` ->
+digits), or from ``10**(digits - 1) .. 10**digits - 1`` with ``exact_digits`` (exactly two). Operators come from ``"+-*"``; ``-`` may give a negative answer (``"3-7="`` ->
 ``"-4"``), written with a leading minus and no plus sign for positive results. ``a+b`` and
 ``b+a`` are different problems.
 
@@ -30,13 +30,25 @@ def arithmetic_problem(a: int, op: str, b: int) -> TaskItem:
     )
 
 
-def arithmetic_space(digits: int, operators: str) -> int:
+def _operands(digits: int, exact: bool) -> tuple[int, int]:
+    """The smallest operand and how many there are."""
+    low = 10 ** (digits - 1) if exact and digits > 1 else 0
+    return low, 10**digits - low
+
+
+def arithmetic_space(digits: int, operators: str, exact_digits: bool = False) -> int:
     """How many distinct problems the generator can draw (the bound on train + held-out)."""
-    return len(_check_operators(operators)) * (10**digits) ** 2
+    return len(_check_operators(operators)) * _operands(digits, exact_digits)[1] ** 2
 
 
 def make_arithmetic_source(
-    *, seed: int, digits: int, operators: str, train_size: int, val_size: int
+    *,
+    seed: int,
+    digits: int,
+    operators: str,
+    train_size: int,
+    val_size: int,
+    exact_digits: bool = False,
 ) -> TaskSource:
     """A source of ``train_size`` train and ``val_size`` held-out distinct problems."""
     if digits < 1:
@@ -46,8 +58,8 @@ def make_arithmetic_source(
         raise ValueError(f"arithmetic task: train_size must be >= 1, got {train_size}")
     if val_size < 0:
         raise ValueError(f"arithmetic task: val_size must be >= 0, got {val_size}")
-    n = 10**digits
-    space = arithmetic_space(digits, ops)
+    low, n = _operands(digits, exact_digits)
+    space = arithmetic_space(digits, operators, exact_digits)
     if train_size + val_size > space:
         raise ValueError(
             f"arithmetic task: train_size + val_size = {train_size + val_size} exceeds the "
@@ -66,12 +78,13 @@ def make_arithmetic_source(
             seen.add(k)
             op_i, rest = divmod(k, n * n)
             a, b = divmod(rest, n)
-            out.append(arithmetic_problem(a, ops[op_i], b))
+            out.append(arithmetic_problem(low + a, ops[op_i], low + b))
         return out
 
     val = draw(val_size)
     train = draw(train_size)
-    return TaskSource(f"arithmetic(digits={digits},operators={''.join(ops)})", train, val)
+    exact = ",exact_digits" if exact_digits else ""
+    return TaskSource(f"arithmetic(digits={digits}{exact},operators={''.join(ops)})", train, val)
 
 
 def _check_operators(operators: str) -> list[str]:

@@ -24,6 +24,7 @@ def make_task_source(
     seed: int | None = None,
     digits: int | None = None,
     operators: str | None = None,
+    exact_digits: bool = False,
     train_size: int | None = None,
     val_size: int | None = None,
     train_path: str | Path | None = None,
@@ -33,7 +34,7 @@ def make_task_source(
 ) -> TaskSource:
     """The source for ``task``.
 
-    arithmetic reads seed, digits, operators, train_size, val_size.
+    arithmetic reads seed, digits, operators, exact_digits, train_size, val_size.
     jsonl reads train_path and val_path (optional: no held-out split without it).
     reasoning_gym reads reasoning_gym_dataset, seed, train_size, val_size.
     """
@@ -42,6 +43,7 @@ def make_task_source(
             seed=_need(task, "seed", seed),
             digits=_need(task, "digits", digits),
             operators=_need(task, "operators", operators),
+            exact_digits=exact_digits,
             train_size=_need(task, "train_size", train_size),
             val_size=_need(task, "val_size", val_size),
         )

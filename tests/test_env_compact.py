@@ -1,0 +1,136 @@
+"""The compact call form (``<tool_call>123+456</tool_call>``) and the demo's arithmetic env."""
+
+from __future__ import annotations
+
+import pytest
+
+from posttrain.env import EnvironmentSpecError, check_environment, load_environment
+from posttrain.env.arithmetic import ArithmeticToolEnv, call_body, copy_credit
+from posttrain.env.tools import (
+    CALCULATOR,
+    ToolsEnv,
+    fallback_system_prompt,
+    make_tool,
+    parse_compact_calls,
+)
+
+
+def two_args(a: str, b: str) -> str:
+    """Join.
+
+    Args:
+        a: First.
+        b: Second.
+    """
+    return a + b
+
+
+def number(x: int) -> str:
+    """Echo.
+
+    Args:
+        x: A number.
+    """
+    return str(x)
+
+
+def assistant(text: str) -> list[dict]:
+    return [{"role": "user", "content": "q"}, {"role": "assistant", "content": text}]
+
+
+def test_compact_body_is_the_argument() -> None:
+    calls = parse_compact_calls("<tool_call>1+2</tool_call> and <tool_call>3*4</tool_call>",
+                                CALCULATOR, "expression")  # fmt: skip
+    assert [(c.name, c.arguments, c.error) for c in calls] == [
+        ("calculator", {"expression": "1+2"}, None),
+        ("calculator", {"expression": "3*4"}, None),
+    ]
+    unclosed = parse_compact_calls("<tool_call>1+2", CALCULATOR, "expression")
+    assert len(unclosed) == 1 and unclosed[0].error == "<tool_call> without </tool_call>"
+
+
+def test_calculator_compact_answers_and_counts_errors() -> None:
+    env = load_environment("calculator_compact")()
+    step = env.step(assistant("<tool_call>123+456</tool_call>"))
+    assert step.messages == [{"role": "tool", "name": "calculator", "content": "579"}]
+    assert step.info == {"tool_calls": 1, "tool_errors": 0, "tool_timeouts": 0}
+    bad = env.step(assistant("<tool_call>12a</tool_call><tool_call>9"))
+    assert [m["content"] for m in bad.messages] == [
+        "error: CalculatorError: cannot parse '12a' as arithmetic",
+        "error: <tool_call> without </tool_call>",
+    ]
+    assert bad.info["tool_errors"] == 2
+    assert env.step(assistant("579")).done  # no call: the final answer
+    check_environment("calculator_compact")
+
+
+def test_json_stays_the_default_form() -> None:
+    env = load_environment("calculator")()
+    step = env.step(assistant("<tool_call>123+456</tool_call>"))
+    assert step.messages[0]["content"].startswith("error: the call is not valid JSON")
+
+
+def test_compact_fallback_prompt_names_the_form() -> None:
+    text = fallback_system_prompt([CALCULATOR], "compact")
+    assert "To call it, write <tool_call><expression></tool_call>" in text
+
+
+@pytest.mark.parametrize(
+    ("tools", "line"),
+    [
+        ([CALCULATOR, make_tool(two_args)], "tools environment: call_format='compact' needs "
+         "exactly one tool, got ['calculator', 'two_args']; use call_format='json' for several"),
+        ([make_tool(two_args)], "tools environment: call_format='compact' needs a tool with one "
+         "string argument; 'two_args' takes ['a', 'b']; use call_format='json'"),
+        ([make_tool(number)], "tools environment: call_format='compact' needs a tool with one "
+         "string argument; 'number' takes ['x']; use call_format='json'"),
+    ],
+)  # fmt: skip
+def test_compact_form_needs_one_tool_with_one_string_argument(tools, line) -> None:
+    with pytest.raises(EnvironmentSpecError) as e:
+        ToolsEnv(tools, call_format="compact")
+    assert str(e.value) == line
+
+
+def test_unknown_call_format_is_one_line() -> None:
+    with pytest.raises(EnvironmentSpecError) as e:
+        ToolsEnv([CALCULATOR], call_format="xml")  # type: ignore[arg-type]
+    assert str(e.value) == "tools environment: call_format must be 'json' or 'compact', got 'xml'"
+
+
+def test_copy_credit_by_position() -> None:
+    assert copy_credit("123+456", "123+456") == 1.0
+    assert copy_credit("123+4", "123+456") == pytest.approx(5 / 7)
+    assert copy_credit("123+4567", "123+456") == pytest.approx(7 / 8)
+    assert copy_credit("", "123+456") == 0.0
+    assert call_body("<tool_call>12</tool_call>y") == ("12", True)
+    assert call_body("x<tool_call>12</tool_call>") is None  # only a turn that opens with it
+    assert call_body("<tool_call>12") == ("12", False)
+    assert call_body("12") is None
+
+
+def test_arithmetic_env_pays_the_first_call_only() -> None:
+    env = ArithmeticToolEnv()
+    assert env.tools == []  # not announced: the model finds the tool by reward
+    assert env.reset({"prompt": "123+456=", "answer": "579"}) == [
+        {"role": "user", "content": "123+456="}
+    ]
+    first = env.step(assistant("<tool_call>123+45</tool_call>"))
+    assert first.reward == pytest.approx(0.1 + 0.4 * 6 / 7)
+    assert first.messages == [{"role": "tool", "name": "calculator", "content": "168"}]
+    again = env.step(assistant("<tool_call>123+456</tool_call>"))
+    assert again.reward is None and again.messages[0]["content"] == "579"
+    env.reset({"prompt": "1+2=", "answer": "3"})
+    unclosed = env.step(assistant("<tool_call>1+"))
+    assert unclosed.reward == pytest.approx(0.05 + 0.4 * 2 / 3)  # no credit for closing
+    env.reset({"prompt": "1+2=", "answer": "3"})
+    final = env.step(assistant("3"))
+    assert final.done and final.reward is None
+
+
+def test_arithmetic_env_answers_a_failed_call_with_error_alone() -> None:
+    env = ArithmeticToolEnv()
+    env.reset({"prompt": "1+2=", "answer": "3"})
+    step = env.step(assistant("<tool_call>1+</tool_call>"))
+    assert step.messages == [{"role": "tool", "name": "calculator", "content": "error"}]
+    assert step.info["tool_errors"] == 1
