@@ -19,7 +19,7 @@ from posttrain.config import ConfigError, load_config
 from posttrain.config.build import build_objective
 from posttrain.entrypoints import grpo
 from posttrain.model.tiny import build_tiny_model
-from posttrain.trainer.export import FINAL_DIR, export_hf
+from posttrain.trainer.export import FINAL_DIR, MARKER, export_hf, exported_step
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 2
@@ -144,11 +144,15 @@ def test_a_kill_during_export_leaves_no_half_folder_and_a_rerun_exports(runs, ti
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert (run_dir / ".tmp-final_model").is_dir()  # the half export, beside, never in place
     assert {f.name: f.read_bytes() for f in (run_dir / FINAL_DIR).iterdir()} == before
-    # No previous export at all: the run directory has no final_model after the kill ...
+    # No previous export at all: the run directory has no final_model after the kill.
     os.rename(run_dir / FINAL_DIR, tmp_path / "previous")
     killed = subprocess.run(args, env=env, capture_output=True, timeout=120)
     assert killed.returncode == -9 and not (run_dir / FINAL_DIR).exists()
-    # ... and rerunning the (complete) command makes it, removing the leftover.
+    # An export of an older step (not the final one) is redone by rerunning the complete
+    # command, which also removes the leftover.
+    os.rename(tmp_path / "previous", run_dir / FINAL_DIR)
+    (run_dir / FINAL_DIR / MARKER).write_text('{"checkpoint": "step_00000001", "step": 1}')
+    assert exported_step(run_dir / FINAL_DIR) == 1
     opts = opts_for(run_dir.parents[1], tiny, **{"job.name": "lora", "model.lora_rank": 4,
                                                  "model.lora_target_modules": "[q_proj,v_proj]"})  # fmt: skip
     again = cli(["--config", "arithmetic", "--", *opts], tmp_path)
@@ -156,6 +160,7 @@ def test_a_kill_during_export_leaves_no_half_folder_and_a_rerun_exports(runs, ti
     assert "already complete" in again.stdout and "final model" in again.stdout
     assert not (run_dir / ".tmp-final_model").exists()
     assert {f.name: f.read_bytes() for f in (run_dir / FINAL_DIR).iterdir()} == before
+    assert exported_step(run_dir / FINAL_DIR) == STEPS
 
 
 def test_a_failed_export_is_one_line_naming_the_checkpoint(tiny, tmp_path):

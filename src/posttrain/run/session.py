@@ -108,7 +108,7 @@ class RunSession:
             admission = admit(self.config, run_dir)
             if admission.complete:  # an export the earlier run did not finish is made now
                 done = _summary(run_dir, admission.start, complete=True)
-                return self._export(done, admission.checkpoint, run_dir, only_missing=True)
+                return self._export(done, admission.checkpoint, run_dir, admission.start)
             placed = place(run_dir)
             try:
                 state = placed.policy.resume()
@@ -125,13 +125,14 @@ class RunSession:
                 placed.close()  # before the export: the roles' memory is free again
             return self._export(summary, summary.pop("checkpoint"), run_dir)
 
-    def _export(self, summary: dict, checkpoint, run_dir: Path, only_missing: bool = False):
-        """``checkpoint.export_final``: the final checkpoint as ``run_dir/final_model``."""
+    def _export(self, summary: dict, checkpoint, run_dir: Path, current: int | None = None):
+        """``checkpoint.export_final``: the final checkpoint as ``run_dir/final_model``
+        (``current``: a finished run's step, whose export is redone only if missing or older)."""
         if not self.config.checkpoint.export_final or checkpoint is None:
             return summary
-        from posttrain.trainer.export import FINAL_DIR, export_final
+        from posttrain.trainer.export import FINAL_DIR, export_final, exported_step
 
-        if not (only_missing and (run_dir / FINAL_DIR).is_dir()):
+        if current is None or exported_step(run_dir / FINAL_DIR) != current:
             log.info("exporting %s to %s", checkpoint, run_dir / FINAL_DIR)
             export_final(checkpoint, run_dir)
         summary["final_model"] = str(run_dir / FINAL_DIR)

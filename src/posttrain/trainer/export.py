@@ -14,7 +14,9 @@ a run (``checkpoint.export_final``: ``RUN_DIR/final_model``):
   too (its manifest then refuses it): write a changed model to a new folder.
 
 The folder is written as ``.tmp-NAME`` beside ``out`` and renamed into place when complete, so a
-crash leaves no half folder under ``out``; the next export removes the leftover.
+crash leaves no half folder under ``out``; the next export removes the leftover. It records
+what it was made from in ``posttrain_export.json`` (checkpoint name and step), which
+``from_pretrained`` ignores and the end of a run reads to know whether an export is current.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from posttrain.trainer.manifest import verify
 from posttrain.trainer.model_io import ADAPTER_FILE, INDEX_FILE, SINGLE_FILE
 
 FINAL_DIR = "final_model"
+MARKER = "posttrain_export.json"
 _PEFT_PREFIX = "base_model.model."
 
 
@@ -65,6 +68,8 @@ def export_hf(checkpoint: str | os.PathLike, out: str | os.PathLike, replace: bo
             _merge_adapters(checkpoint / "model", _base_folder(checkpoint, meta), tmp)
         else:
             _link_files(checkpoint / "model", tmp)
+        marker = {"checkpoint": checkpoint.name, "step": int(step.group(1))}
+        (tmp / MARKER).write_text(json.dumps(marker) + "\n")
         for f in tmp.iterdir():
             _fsync(f)
         fsync_dir(tmp)
@@ -77,6 +82,14 @@ def export_hf(checkpoint: str | os.PathLike, out: str | os.PathLike, replace: bo
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def exported_step(folder: str | os.PathLike) -> int | None:
+    """The checkpoint step an export was made from (None: no complete export there)."""
+    try:
+        return int(json.loads((Path(folder) / MARKER).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def export_final(checkpoint: str | os.PathLike, run_dir: str | os.PathLike) -> Path:

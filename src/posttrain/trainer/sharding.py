@@ -71,8 +71,8 @@ def shard_model(model: nn.Module, precision: str) -> None:
     fill every rank's shards from rank 0's weights.
 
     Rank 0 holds the real model; any other rank may hold a skeleton on the meta device
-    (``model.loading.load_skeleton``), which never allocates the full weights: its shards are
-    cut from rank 0's tensors as they are broadcast, one tensor at a time.
+    (``load_policy(..., skeleton=True)``), which never allocates the full weights: it allocates
+    its shards only, and fills them from rank 0's tensors as they are broadcast, one at a time.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -109,7 +109,7 @@ def shard_model(model: nn.Module, precision: str) -> None:
 @torch.no_grad()
 def _fill_from_rank0(model: nn.Module, full: dict[str, Tensor], device: torch.device) -> None:
     """Rank 0's parameters and buffers onto every rank: parameters through DCP's broadcast into
-    the shards (a meta rank's are allocated as they arrive), then every buffer whole (the
+    the shards (a meta rank allocates its empty shards first), then every buffer whole (the
     non-persistent ones, such as rotary frequencies, are in no state dict)."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
