@@ -14,6 +14,7 @@ ranks and 2 FSDP ranks (gloo, one torch thread per process) and reports per rank
 
     flock /tmp/heavy.lock python benchmarks/fsdp_memory.py
     python benchmarks/fsdp_memory.py --models small --steps 3 --json out.json
+    python benchmarks/fsdp_memory.py --models small --setups "2 FSDP" "2 FSDP, full load"
 """
 
 from __future__ import annotations
@@ -117,16 +118,24 @@ def max_rel(a_path: str, b_path: str) -> float:
     return max(float((a[k] - b[k]).norm() / b[k].norm().clamp(min=1e-30)) for k in b)
 
 
-def bench(name: str, model: str, steps: int, rows: int, micro: int, tmp: Path) -> list[dict]:
+#: label -> (sharding, ranks, whether ranks > 0 load a meta-device skeleton)
+SETUPS = {
+    "1 rank": ("none", 1, False), "2 replicated": ("none", 2, False),
+    "2 FSDP, full load": ("fsdp", 2, False), "2 FSDP": ("fsdp", 2, True),
+}  # fmt: skip
+
+
+def bench(name: str, model: str, steps: int, rows: int, micro: int, tmp: Path,
+          setups: list[str]) -> list[dict]:  # fmt: skip
+    """Every setup of ``setups`` in order; ``max rel`` is against the first one's parameters."""
     out = []
-    ref = str(tmp / f"{name}-none1.pt")
-    for label, sharding, world, skeleton in [
-        ("1 rank", "none", 1, False), ("2 replicated", "none", 2, False),
-        ("2 FSDP, full load", "fsdp", 2, False), ("2 FSDP", "fsdp", 2, True),
-    ]:  # fmt: skip
+    ref = None
+    for label in setups:
+        sharding, world, skeleton = SETUPS[label]
         params_out = str(tmp / f"{name}-{sharding}{world}{'-meta' if skeleton else ''}.pt")
         job = {"model": model, "sharding": sharding, "steps": steps, "rows": rows,
                "micro": micro, "params_out": params_out, "skeleton": skeleton}  # fmt: skip
+        ref = ref or params_out
         for r, row in enumerate(run(job, world)):
             row.update(model=name, setup=label, rank=r, max_rel_vs_1_rank=max_rel(params_out, ref))
             out.append(row)
@@ -138,6 +147,13 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["small", "smollm2"])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--setups",
+        nargs="+",
+        default=list(SETUPS),
+        choices=list(SETUPS),
+        help="which setups, in this order (max rel is against the first)",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from posttrain.model.tiny import build_tiny_model
@@ -150,10 +166,10 @@ def main() -> None:
                 if not SMOLLM2.exists():
                     print(f"skipping smollm2: {SMOLLM2} does not exist")
                     continue
-                rows += bench(name, str(SMOLLM2), args.steps, 8, 4, tmp)
+                rows += bench(name, str(SMOLLM2), args.steps, 8, 4, tmp, args.setups)
             else:
                 path = build_tiny_model(name, tmp / name, seed=0)
-                rows += bench(name, str(path), args.steps, 8, 4, tmp)
+                rows += bench(name, str(path), args.steps, 8, 4, tmp, args.setups)
     mib = 2**20
     print(f"{'model':8} {'setup':18} {'rank':>4} {'params':>8} {'grads':>8} {'optim':>8} "
           f"{'sum':>8} {'train RSS':>9} {'load RSS':>9} {'s/step':>7} {'max rel':>9}  (MiB)")  # fmt: skip
