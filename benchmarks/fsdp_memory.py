@@ -7,11 +7,14 @@ ranks and 2 FSDP ranks (gloo, one torch thread per process) and reports per rank
 - parameter, gradient and AdamW-state bytes this rank holds (local shards' ``numel *
   element_size``),
 - peak RSS of the training steps (the high-water mark is reset after the model is loaded and
-  wrapped, so loading is reported separately as ``load_peak``),
+  wrapped, so loading is reported separately as ``load_peak``); ``2 FSDP`` loads as a run does
+  (rank 1 builds a meta-device skeleton and receives its shards from rank 0), ``2 FSDP, full
+  load`` as it did before (every rank loads the whole model, then shards it),
 - seconds per step, and the largest relative parameter difference to the unsharded run.
 
     flock /tmp/heavy.lock python benchmarks/fsdp_memory.py
     python benchmarks/fsdp_memory.py --models small --steps 3 --json out.json
+    python benchmarks/fsdp_memory.py --models small --setups "2 FSDP" "2 FSDP, full load"
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def _rank(rank: int, world: int, port: int, job: dict, queue) -> None:
     from posttrain.trainer.sharding import shard_bytes
 
     cfg = apply_overrides(PosttrainConfig(), [f"rl.micro_batch_size={job['micro']}"])
-    model, _ = load_policy(job["model"], None, "float32")
+    model, _ = load_policy(job["model"], None, "float32", skeleton=job["skeleton"] and rank > 0)
     trainer = LLMTrainer(
         model, build_objective(cfg.rl, objective_context(cfg)), lr=1e-4,
         micro_batch_size=cfg.rl.micro_batch_size, sharding=job["sharding"],
@@ -115,14 +118,24 @@ def max_rel(a_path: str, b_path: str) -> float:
     return max(float((a[k] - b[k]).norm() / b[k].norm().clamp(min=1e-30)) for k in b)
 
 
-def bench(name: str, model: str, steps: int, rows: int, micro: int, tmp: Path) -> list[dict]:
+#: label -> (sharding, ranks, whether ranks > 0 load a meta-device skeleton)
+SETUPS = {
+    "1 rank": ("none", 1, False), "2 replicated": ("none", 2, False),
+    "2 FSDP, full load": ("fsdp", 2, False), "2 FSDP": ("fsdp", 2, True),
+}  # fmt: skip
+
+
+def bench(name: str, model: str, steps: int, rows: int, micro: int, tmp: Path,
+          setups: list[str]) -> list[dict]:  # fmt: skip
+    """Every setup of ``setups`` in order; ``max rel`` is against the first one's parameters."""
     out = []
-    ref = str(tmp / f"{name}-none1.pt")
-    for label, sharding, world in [("1 rank", "none", 1), ("2 replicated", "none", 2),
-                                   ("2 FSDP", "fsdp", 2)]:  # fmt: skip
-        params_out = str(tmp / f"{name}-{sharding}{world}.pt")
+    ref = None
+    for label in setups:
+        sharding, world, skeleton = SETUPS[label]
+        params_out = str(tmp / f"{name}-{sharding}{world}{'-meta' if skeleton else ''}.pt")
         job = {"model": model, "sharding": sharding, "steps": steps, "rows": rows,
-               "micro": micro, "params_out": params_out}  # fmt: skip
+               "micro": micro, "params_out": params_out, "skeleton": skeleton}  # fmt: skip
+        ref = ref or params_out
         for r, row in enumerate(run(job, world)):
             row.update(model=name, setup=label, rank=r, max_rel_vs_1_rank=max_rel(params_out, ref))
             out.append(row)
@@ -134,6 +147,13 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["small", "smollm2"])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--setups",
+        nargs="+",
+        default=list(SETUPS),
+        choices=list(SETUPS),
+        help="which setups, in this order (max rel is against the first)",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from posttrain.model.tiny import build_tiny_model
@@ -146,16 +166,16 @@ def main() -> None:
                 if not SMOLLM2.exists():
                     print(f"skipping smollm2: {SMOLLM2} does not exist")
                     continue
-                rows += bench(name, str(SMOLLM2), args.steps, 8, 4, tmp)
+                rows += bench(name, str(SMOLLM2), args.steps, 8, 4, tmp, args.setups)
             else:
                 path = build_tiny_model(name, tmp / name, seed=0)
-                rows += bench(name, str(path), args.steps, 8, 4, tmp)
+                rows += bench(name, str(path), args.steps, 8, 4, tmp, args.setups)
     mib = 2**20
-    print(f"{'model':8} {'setup':13} {'rank':>4} {'params':>8} {'grads':>8} {'optim':>8} "
+    print(f"{'model':8} {'setup':18} {'rank':>4} {'params':>8} {'grads':>8} {'optim':>8} "
           f"{'sum':>8} {'train RSS':>9} {'load RSS':>9} {'s/step':>7} {'max rel':>9}  (MiB)")  # fmt: skip
     for r in rows:
         total = r["params"] + r["grads"] + r["optimizer"]
-        print(f"{r['model']:8} {r['setup']:13} {r['rank']:>4} {r['params'] / mib:8.1f} "
+        print(f"{r['model']:8} {r['setup']:18} {r['rank']:>4} {r['params'] / mib:8.1f} "
               f"{r['grads'] / mib:8.1f} {r['optimizer'] / mib:8.1f} {total / mib:8.1f} "
               f"{r['train_peak_rss'] / mib:9.0f} {r['load_peak_rss'] / mib:9.0f} "
               f"{r['s_per_step']:7.2f} {r['max_rel_vs_1_rank']:9.1e}")  # fmt: skip

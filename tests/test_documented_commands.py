@@ -51,8 +51,8 @@ SKIPPED = {
     "posttrain grpo --config arithmetic -- placement.backend=ray": "starts Ray (minutes on 2 "
     "cores); tests/test_placement_ray.py covers this placement",
     "posttrain plot outputs/grpo/base": "placeholder run names (base, clip_higher)",
-    "posttrain model export outputs/grpo/a/": "needs a sharded (FSDP, Ray) run's checkpoint; "
-    "tests/test_fsdp_exact.py exports one and loads it with from_pretrained",
+    "posttrain model export outputs/grpo/a/": "placeholder run name (a); "
+    "tests/test_export_final.py exports checkpoints and loads them with from_pretrained",
 }
 #: Command prefix -> (why it cannot run here as written, what runs in its place so that the
 #: commands after it have their inputs).

@@ -24,7 +24,7 @@ from posttrain.config import load_config  # noqa: E402
 from posttrain.config.build import build_objective  # noqa: E402
 from posttrain.entrypoints import grpo  # noqa: E402
 from posttrain.model.tiny import build_tiny_model  # noqa: E402
-from posttrain.trainer.dcp import export_hf  # noqa: E402
+from posttrain.trainer.export import export_hf  # noqa: E402
 
 STEPS = 3
 REPO = Path(__file__).resolve().parents[1]

@@ -145,6 +145,13 @@ class CheckpointConfig(Section):
         description="On SIGINT/SIGTERM, finish the current step and save a checkpoint before "
         "exiting (a second signal stops at once); false stops at once without saving.",
     )
+    export_final: bool = Field(
+        True,
+        description="When a run reaches `rl.max_steps`, write its final checkpoint as a plain "
+        "Hugging Face folder, `RUN_DIR/final_model` (what `posttrain model export` writes: "
+        "sharded checkpoints gathered layer by layer, LoRA adapters merged in; a replicated "
+        "run's full-weight `model/` files are hard-linked). false leaves only the checkpoints.",
+    )
     signal_grace_s: float = Field(
         120.0,
         gt=0,

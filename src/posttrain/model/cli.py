@@ -1,5 +1,5 @@
 """``posttrain model ...``: build a tiny model, import the SmolLM2 GGUF as an HF folder, or
-export a sharded checkpoint as one.
+export a checkpoint as one.
 
 The top-level CLI either calls ``main(argv)`` with the arguments after ``model``, or attaches the
 subcommands to its own parser with ``add_subcommands`` and calls ``dispatch(args)``.
@@ -34,8 +34,8 @@ def _run_import(args: argparse.Namespace) -> int:
 def _run_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from posttrain.trainer.dcp import export_hf
     from posttrain.trainer.errors import CheckpointError
+    from posttrain.trainer.export import export_hf
 
     try:
         out = export_hf(Path(args.checkpoint), Path(args.out))
@@ -63,10 +63,12 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     gguf.add_argument("--gguf", default=None, help="another GGUF file instead of SmolLM2's")
     gguf.set_defaults(**{_HANDLER: _run_import})
     export = subparsers.add_parser(
-        "export", help="write a sharded (FSDP) checkpoint as a Hugging Face folder, layer by layer"
+        "export",
+        help="write a checkpoint as a plain Hugging Face folder (sharded ones layer by layer, "
+        "LoRA adapters merged in)",
     )
     export.add_argument("checkpoint", help="a checkpoint directory (…/checkpoints/step_NNNNNNNN)")
-    export.add_argument("--out", required=True, help="output folder (HF format)")
+    export.add_argument("--out", required=True, help="a new (or empty) output folder")
     export.set_defaults(**{_HANDLER: _run_export})
 
 

@@ -76,15 +76,22 @@ def load_policy(
     tokenizer_path: str | Path | None = None,
     dtype: str | torch.dtype = "float32",
     device: str | torch.device | None = None,
+    skeleton: bool = False,
 ) -> tuple[PreTrainedModel, object]:
     """``(model, tokenizer)`` from a local HF folder, weights cast to ``dtype`` on ``device``.
 
     ``tokenizer_path`` defaults to the model folder. A tokenizer without a pad token gets its
     EOS token as pad (padding is always masked, so the choice only needs to be a valid id).
     The model is returned in eval mode; the trainer switches modes itself.
+
+    ``skeleton``: build the modules from ``config.json`` on the meta device and read no weights
+    (``device`` is ignored): what a sharded policy rank other than 0 loads, since its shards
+    are filled from rank 0's weights (``trainer.sharding.shard_model``).
     """
     path = check_model_folder(name_or_path)
     torch_dtype = resolve_dtype(dtype)
+    if skeleton:
+        return _skeleton(path, torch_dtype), _policy_tokenizer(tokenizer_path or path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
     except Exception as e:  # transformers/safetensors raise many types for a damaged folder
@@ -97,12 +104,32 @@ def load_policy(
     if device is not None:
         model = model.to(device)
     model.eval()
-    tokenizer = load_tokenizer(tokenizer_path if tokenizer_path is not None else path)
+    return model, _policy_tokenizer(tokenizer_path if tokenizer_path is not None else path)
+
+
+def _skeleton(path: Path, dtype: torch.dtype) -> PreTrainedModel:
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except Exception as e:  # as for a real load: a damaged config.json
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelLoadError(
+            f"model folder {str(path)!r}: its config.json does not build a model "
+            f"({type(e).__name__}: {first[:200]})"
+        ) from e
+    return model.eval()
+
+
+def _policy_tokenizer(path: str | Path):
+    tokenizer = load_tokenizer(path)
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token is None:
             raise ModelLoadError(
-                f"tokenizer at {str(tokenizer_path or path)!r} has neither a pad nor an eos "
+                f"tokenizer at {str(path)!r} has neither a pad nor an eos "
                 "token; add one of them to its special tokens"
             )
         tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return tokenizer

@@ -37,6 +37,7 @@ from posttrain.reward.stage import RewardResult, RowScores
 from posttrain.rollout import GraphRolloutEngine, Rollout, TorchRolloutEngine
 from posttrain.rollout.multiturn import env_metrics
 from posttrain.trainer import CheckpointManager, LLMTrainer, ResumeState
+from posttrain.trainer import distributed as dp
 
 ObjectiveBuilder = Callable[[Any, Any], Any]
 
@@ -53,8 +54,10 @@ class PolicyRole:
     ) -> None:
         self.config = cfg = config
         # Master weights stay float32; model.dtype=bfloat16 becomes bf16 autocast in the trainer.
+        # A sharded rank other than 0 builds a meta-device skeleton: rank 0 sends its shards.
+        skeleton = cfg.placement.policy_sharding == "fsdp" and dp.rank() > 0
         self.model, self.tokenizer = load_policy(
-            cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", device
+            cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", device, skeleton
         )
         claim = cfg.model.certified_deterministic_forward
         self.capabilities = model_capabilities(self.model, certified_deterministic_forward=claim)

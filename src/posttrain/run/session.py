@@ -106,8 +106,9 @@ class RunSession:
         run_dir = prepare_run_dir(out_dir)
         with RunLock(run_dir):  # one writer per run directory
             admission = admit(self.config, run_dir)
-            if admission.complete:
-                return _summary(run_dir, admission.start, complete=True)
+            if admission.complete:  # an export the earlier run did not finish is made now
+                done = _summary(run_dir, admission.start, complete=True)
+                return self._export(done, admission.checkpoint, run_dir, admission.start)
             placed = place(run_dir)
             try:
                 state = placed.policy.resume()
@@ -119,9 +120,23 @@ class RunSession:
                 write_resolved_config(self.config, run_dir)
                 if state is None:
                     record_inputs(self.config, run_dir)
-                return self._steps(placed, state, steps, run_dir)
+                summary = self._steps(placed, state, steps, run_dir)
             finally:
-                placed.close()
+                placed.close()  # before the export: the roles' memory is free again
+            return self._export(summary, summary.pop("checkpoint"), run_dir)
+
+    def _export(self, summary: dict, checkpoint, run_dir: Path, current: int | None = None):
+        """``checkpoint.export_final``: the final checkpoint as ``run_dir/final_model``
+        (``current``: a finished run's step, whose export is redone only if missing or older)."""
+        if not self.config.checkpoint.export_final or checkpoint is None:
+            return summary
+        from posttrain.trainer.export import FINAL_DIR, export_final, exported_step
+
+        if current is None or exported_step(run_dir / FINAL_DIR) != current:
+            log.info("exporting %s to %s", checkpoint, run_dir / FINAL_DIR)
+            export_final(checkpoint, run_dir)
+        summary["final_model"] = str(run_dir / FINAL_DIR)
+        return summary
 
     def _steps(self, placed: Placed, state, body: LoopBody, run_dir: Path) -> dict[str, Any]:
         config = self.config
@@ -134,6 +149,7 @@ class RunSession:
             run_name=job.name, config=to_dict(config),
         )  # fmt: skip
         summary = _summary(run_dir, start)
+        saved = None
         try:
             if evaluates and start == 0:
                 summary["initial"] = first = body.evaluate(0)
@@ -168,6 +184,7 @@ class RunSession:
             sink.close()
         summary["steps"] = rl.max_steps
         summary["wall_s"] = time.perf_counter() - began
+        summary["checkpoint"] = saved  # the final step's (rl.max_steps always saves)
         return summary
 
 
@@ -187,6 +204,8 @@ def report_lines(summary: Mapping[str, Any]) -> list[str]:
     else:
         done = summary["steps"] - summary["start_step"]
         lines.append(f"trained {done} steps in {summary['wall_s']:.0f} s")
+    if "final_model" in summary:
+        lines.append(f"final model (Hugging Face folder): {summary['final_model']}")
     return lines
 
 

@@ -133,8 +133,14 @@ class Trainer:
             raise ValueError(
                 f"max_consecutive_nonfinite must be >= 1, got {max_consecutive_nonfinite}"
             )
-        self.device = torch.device(device) if device is not None else _module_device(model)
-        self.model = model.to(self.device)
+        self.sharded = sharding == "fsdp"
+        skeleton = sh.on_meta(model)  # a sharded rank > 0: its shards come from rank 0
+        if skeleton and not self.sharded:
+            raise ValueError("a model on the meta device needs sharding='fsdp' (rank 0 fills it)")
+        if device is None:
+            device = dp.collective_device() if skeleton else _module_device(model)
+        self.device = torch.device(device)
+        self.model = model if skeleton else model.to(self.device)
         self.model.train()
         self.objective = objective
         self.micro_batch_size = micro_batch_size
@@ -145,10 +151,10 @@ class Trainer:
         self._place_auxiliary()
         if gradient_checkpointing:
             _enable_gradient_checkpointing(model)
-        dp.broadcast_module_(self.model)
-        self.sharded = sharding == "fsdp"
         if self.sharded:
-            sh.shard_model(self.model, precision)
+            sh.shard_model(self.model, precision)  # every rank starts from rank 0's weights
+        else:
+            dp.broadcast_module_(self.model)
         # The objective's forward + log-prob runs through the compiled wrapper (same parameters);
         # π_old is scored through it too, so a frozen π_old matches the update's forward.
         self.forward_model = torch.compile(self.model, dynamic=True) if compile else self.model

@@ -11,8 +11,9 @@ ranks loads into any number of sharded ranks, or into one unsharded process. Ten
 parameter name (``get_state_dict``), the optimizer state included, so the load does not depend
 on how parameters were grouped or ordered.
 
-:func:`export_hf` turns a DCP checkpoint into a plain Hugging Face folder one decoder layer at a
-time (never all the float32 weights at once), merging LoRA adapters into their base weights.
+:func:`hf_from_dcp` writes a DCP checkpoint's weights as a plain Hugging Face folder one decoder
+layer at a time (never all the float32 weights at once), merging LoRA adapters into their base
+weights; ``export.py`` makes that (and the other kinds of checkpoint) an atomic export.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from torch import Tensor
 from posttrain.trainer import distributed as dp
 from posttrain.trainer import sharding as sh
 from posttrain.trainer.errors import CheckpointError, PoisonedStateError
-from posttrain.trainer.manifest import verify
 
 DCP_DIR = "dcp"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -110,19 +110,9 @@ def load_sharded(directory: Path, trainer) -> None:
 
 
 @torch.no_grad()
-def export_hf(checkpoint: Path, out: Path) -> Path:
-    """A Hugging Face folder (config, tokenizer, sharded safetensors + index) from a DCP
-    checkpoint, read one decoder layer at a time; LoRA adapters are merged in."""
-    checkpoint, out = Path(checkpoint), Path(out)
-    if not is_sharded_checkpoint(checkpoint):
-        raise CheckpointError(
-            f"{checkpoint} holds no {DCP_DIR}/ folder (not a sharded checkpoint); a replicated "
-            "run's checkpoint already holds a Hugging Face folder under model/"
-        )
-    step = re.fullmatch(r"step_(\d{8,})", checkpoint.name)
-    if step is None:
-        raise CheckpointError(f"{checkpoint} is not a checkpoint directory (step_NNNNNNNN)")
-    verify(checkpoint, int(step.group(1)))  # nothing is exported from a damaged checkpoint
+def hf_from_dcp(checkpoint: Path, out: Path) -> None:
+    """Write the weights of a (verified) DCP checkpoint into the existing folder ``out`` as a
+    Hugging Face folder, one decoder layer at a time; LoRA adapters are merged in."""
     meta = dcp.FileSystemReader(str(checkpoint / DCP_DIR)).read_metadata()
     shapes = {
         k[len("model.") :]: v
@@ -131,33 +121,41 @@ def export_hf(checkpoint: Path, out: Path) -> Path:
     }
     adapters = checkpoint / "model" / ADAPTER_CONFIG
     scale = lora_scale(json.loads(adapters.read_text()) if adapters.exists() else None)
+
+    def read(names: list[str]) -> dict[str, Tensor]:
+        wanted = {
+            n: torch.empty(tuple(shapes[n].size), dtype=shapes[n].properties.dtype) for n in names
+        }
+        with _quiet_single_process():
+            dcp.load({"model": wanted}, checkpoint_id=str(checkpoint / DCP_DIR))
+        return plain_names(wanted, scale)
+
+    write_layers(list(shapes), read, out)
+    for f in (checkpoint / "model").iterdir():
+        if f.is_file() and f.name != ADAPTER_CONFIG:
+            shutil.copy2(f, out / f.name)
+
+
+def write_layers(names: list[str], read, out: Path) -> None:
+    """Safetensors files in ``out``, one per decoder layer plus one for the rest, and their
+    index: ``read(names)`` returns one group's tensors under their plain names, so no more
+    than one layer (or the embeddings) is held at a time."""
     groups: dict[str, list[str]] = defaultdict(list)
-    for name in shapes:
+    for name in names:
         m = _LAYER.search(name)
         groups[f"layer{int(m.group(1)):05d}" if m else "other"].append(name)
-    out.mkdir(parents=True, exist_ok=True)
     order = sorted(groups)
     weight_map: dict[str, str] = {}
     total = 0
     for i, group in enumerate(order):
-        wanted = {
-            n: torch.empty(tuple(shapes[n].size), dtype=shapes[n].properties.dtype)
-            for n in groups[group]
-        }
-        with _quiet_single_process():
-            dcp.load({"model": wanted}, checkpoint_id=str(checkpoint / DCP_DIR))
-        tensors = plain_names(wanted, scale)
+        tensors = read(groups[group])
         fname = f"model-{i + 1:05d}-of-{len(order):05d}.safetensors"
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, fname))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
-        del wanted, tensors
+        del tensors
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    for f in (checkpoint / "model").iterdir():
-        if f.is_file() and f.name != ADAPTER_CONFIG:
-            shutil.copy2(f, out / f.name)
-    return out
 
 
 def adapter_config(model) -> dict:

@@ -32,9 +32,9 @@ def barrier() -> None:
         dist.barrier()
 
 
-def _collective_device() -> torch.device:
+def collective_device() -> torch.device:
     """gloo reduces CPU tensors; nccl needs them on this rank's current GPU."""
-    if dist.get_backend() == "nccl":
+    if is_distributed() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -43,7 +43,7 @@ def all_reduce_floats(values: Sequence[float], op: str = "sum") -> list[float]:
     """Reduce python scalars over ranks in float64 (so sums of weights stay exact integers)."""
     if not is_distributed():
         return [float(v) for v in values]
-    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_collective_device())
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=collective_device())
     ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
     dist.all_reduce(t, op=ops[op])
     return t.cpu().tolist()
@@ -58,7 +58,7 @@ def all_reduce_grads_(params: Iterable[nn.Parameter]) -> None:
         assert p.grad is not None, "gradients must be materialised before the all-reduce"
         groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
     for grads in groups.values():
-        flat = torch.cat([g.reshape(-1) for g in grads]).to(_collective_device())
+        flat = torch.cat([g.reshape(-1) for g in grads]).to(collective_device())
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         offset = 0
         for g in grads:
@@ -72,7 +72,7 @@ def broadcast_module_(module: nn.Module, src: int = 0) -> None:
     """Make every rank start from rank ``src``'s parameters and buffers."""
     if not is_distributed():
         return
-    dev = _collective_device()
+    dev = collective_device()
     for t in list(module.parameters()) + list(module.buffers()):
         moved = t.data.to(dev)
         dist.broadcast(moved, src=src)

@@ -61,10 +61,18 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def shard_model(model: nn.Module, precision: str) -> None:
-    """``fully_shard`` each decoder layer, then the root, over the default process group.
+def on_meta(model: nn.Module) -> bool:
+    """Whether ``model``'s parameters are on the meta device (a skeleton without weights)."""
+    return any(p.is_meta for p in model.parameters())
 
-    Call it on every rank with identical weights (the trainer broadcasts rank 0's first).
+
+def shard_model(model: nn.Module, precision: str) -> None:
+    """``fully_shard`` each decoder layer, then the root, over the default process group, and
+    fill every rank's shards from rank 0's weights.
+
+    Rank 0 holds the real model; any other rank may hold a skeleton on the meta device
+    (``load_policy(..., skeleton=True)``), which never allocates the full weights: it allocates
+    its shards only, and fills them from rank 0's tensors as they are broadcast, one at a time.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -74,7 +82,11 @@ def shard_model(model: nn.Module, precision: str) -> None:
             "placement.policy_sharding=fsdp needs a torch.distributed group (placement.backend=ray "
             "starts one for the policy ranks)"
         )
-    device = next(model.parameters()).device
+    if dp.rank() == 0 and on_meta(model):
+        raise ValueError("policy rank 0 must hold the real weights (it sends them to the others)")
+    # References to rank 0's full tensors (no copy), kept until every rank has its shards.
+    full = model.state_dict() if dp.rank() == 0 else {}
+    device = dp.collective_device()
     mesh = init_device_mesh(device.type, (dp.world_size(),))
     mp = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -91,6 +103,27 @@ def shard_model(model: nn.Module, precision: str) -> None:
         # Sum, as the replicated path's all-reduce does; TOKEN_SUM divides once afterwards.
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+    _fill_from_rank0(model, full, device)
+
+
+@torch.no_grad()
+def _fill_from_rank0(model: nn.Module, full: dict[str, Tensor], device: torch.device) -> None:
+    """Rank 0's parameters and buffers onto every rank: parameters through DCP's broadcast into
+    the shards (a meta rank allocates its empty shards first), then every buffer whole (the
+    non-persistent ones, such as rotary frequencies, are in no state dict)."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if on_meta(model):
+        # Only this rank's shards (and the small buffers) are allocated; tied parameters stay
+        # one parameter, which loading with assign=True would split.
+        model.to_empty(device=device)
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full, options=opts)
+    for buf in model.buffers():
+        moved = buf.to(device)
+        dist.broadcast(moved, src=0)
+        buf.copy_(moved)
 
 
 def lockstep_ghosts(passes: int) -> int:

@@ -1,0 +1,90 @@
+"""Sharded ranks other than 0 load on the meta device and receive their shards from rank 0.
+
+Two gloo ranks (``scripts/meta_load_worker.py``) build the ``tiny`` policy both ways, with and
+without LoRA: every rank loading the full weights (the path before meta loading), and rank 1
+building a skeleton on the meta device. The local shards (parameters and buffers) right after
+loading, and after two GRPO steps, must be bit-identical between the two ways.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from posttrain.model.loading import load_policy
+from posttrain.model.tiny import build_tiny_model
+from posttrain.trainer import LLMTrainer
+
+WORKER = Path(__file__).parent / "scripts" / "meta_load_worker.py"
+
+
+def launch(jobs: list[dict], world: int = 2, timeout: float = 240) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), port, json.dumps(jobs)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(world)
+    ]  # fmt: skip
+    try:
+        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
+        assert p.returncode == 0, f"rank {r} failed:\n{log[-6000:]}"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tiny = build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
+    out = tmp_path_factory.mktemp("meta")
+    jobs = [
+        {"model": str(tiny), "skeleton": skeleton, "lora": lora, "out": str(out / f"{name}")}
+        for lora in (0, 4)
+        for skeleton, name in ((False, f"full-{lora}"), (True, f"meta-{lora}"))
+    ]
+    launch(jobs)
+    return out
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_meta_loading_gives_the_full_loads_shards_bit_for_bit(results, lora, rank):
+    full = torch.load(results / f"full-{lora}-rank{rank}.pt", weights_only=True)
+    meta = torch.load(results / f"meta-{lora}-rank{rank}.pt", weights_only=True)
+    for when in ("loaded", "trained"):
+        a, b = full[when], meta[when]
+        assert a.keys() == b.keys()
+        for k in a:
+            assert not b[k].is_meta and b[k].device.type == "cpu", k
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), (when, k)
+    # It trained, and the adapters (LoRA) or the weights moved.
+    assert any(not torch.equal(full["loaded"][k], full["trained"][k]) for k in full["loaded"])
+
+
+def test_a_skeleton_reads_no_weights(tmp_path):
+    tiny = build_tiny_model("tiny", tmp_path / "tiny", seed=0)
+    (tiny / "model.safetensors").write_bytes(b"not weights")  # a skeleton never opens them
+    model, tok = load_policy(tiny, skeleton=True)
+    assert all(p.is_meta for p in model.parameters()) and tok.pad_token_id is not None
+
+
+def test_an_unsharded_skeleton_is_refused(tmp_path):
+    from posttrain.config import PosttrainConfig
+    from posttrain.config.build import build_objective, objective_context
+
+    model, _ = load_policy(build_tiny_model("tiny", tmp_path / "tiny", seed=0), skeleton=True)
+    cfg = PosttrainConfig()
+    with pytest.raises(ValueError, match="meta device needs sharding='fsdp'"):
+        LLMTrainer(model, build_objective(cfg.rl, objective_context(cfg)), lr=1e-3,
+                   micro_batch_size=1)  # fmt: skip
