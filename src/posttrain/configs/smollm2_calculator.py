@@ -1,0 +1,60 @@
+"""SmolLM2-135M-Instruct with the calculator tool, on arithmetic it gets wrong unaided.
+
+The problems (``posttrain.data.tasks.calculator_mix``: sums of four terms, three-digit
+differences, three-digit products, mixed expressions; 100 held out) are two JSONL files under
+``examples/smollm2_calculator``. The model folder follows ``smollm2_reasoning_gym``'s convention::
+
+    posttrain model import-gguf --out outputs/models/smollm2-135m-instruct
+    posttrain grpo --config smollm2_calculator
+
+SmolLM2's chat template ignores ``tools=`` and has no ``tool`` role, so the environment is the
+tools environment in its fallback mode (:func:`calculator_environment`): the call format is
+written into the system message, after the recipe's own instruction (:data:`SYSTEM`), and each
+result comes back as a user turn ``<tool_response>...</tool_response>``. The built-in
+``env.name=calculator`` would hand the schema to ``tools=``, which this template drops, so the
+model would never hear of the tool. ``data.system_prompt`` is :data:`SYSTEM` alone: the prompt
+a run without the tool (``env.name=''``) sees. What it measured: ``docs/guides/tools.md``.
+"""
+
+from __future__ import annotations
+
+from posttrain.config import PosttrainConfig
+from posttrain.config.sections import DataConfig
+from posttrain.configs.smollm2_reasoning_gym import build_config as smollm2_config
+from posttrain.env.tools import CALCULATOR, ToolsEnv
+
+#: The task's instruction, with or without the tool (the tool's format is appended to it).
+SYSTEM = "Answer the question. End your answer with the final result as a number."
+
+#: The environment this recipe names in ``env.name``.
+ENVIRONMENT = "posttrain.configs.smollm2_calculator:calculator_environment"
+
+
+def calculator_environment() -> ToolsEnv:
+    """The calculator in the fallback mode, after :data:`SYSTEM` (SmolLM2 has no tools)."""
+    return ToolsEnv([CALCULATOR], native_tools=False, system=SYSTEM)
+
+
+def build_config() -> PosttrainConfig:
+    cfg = smollm2_config()
+    cfg.job.name = "smollm2_135m_calculator"
+
+    cfg.data = DataConfig(
+        task="jsonl",
+        train_path="examples/smollm2_calculator/train.jsonl",
+        val_path="examples/smollm2_calculator/val.jsonl",
+        prompts_per_step=cfg.data.prompts_per_step,
+        prompt_template="chat",
+        system_prompt=SYSTEM,
+    )
+
+    cfg.env.name = ENVIRONMENT
+    # One call, its result, the answer: two turns do; a third leaves room for a retry.
+    cfg.env.max_turns = 3
+    cfg.env.max_context = 768
+    cfg.rollout.max_tokens = 64
+
+    cfg.rl.max_steps = 20
+    cfg.rl.eval_every = 10
+    cfg.rl.save_every = 5
+    return cfg
