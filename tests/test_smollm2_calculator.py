@@ -111,3 +111,21 @@ def test_eval_script_runs_on_a_tiny_model(tmp_path, capsys):
     assert all(r["turns"] >= 1 and r["tool_transcript"] for r in rows)
     assert summary["turns_mean"] == summary["env_metrics"]["env/turns_mean"]
     assert all(r["plain_text"] is not None for r in rows)
+
+
+def test_eval_script_reads_a_runs_newest_checkpoint(tmp_path, capsys):
+    from posttrain.entrypoints.cli import main as cli
+
+    model = build_tools_model(tmp_path / "tiny", eos_logit=0.0)
+    config = json.loads((model / "config.json").read_text())
+    config["max_position_embeddings"] = 2048
+    (model / "config.json").write_text(json.dumps(config))
+    run = tmp_path / "grpo" / "smollm2_135m_calculator"
+    overrides = [f"job.output_root={tmp_path}", f"model.name_or_path={model}", "rollout.max_tokens=8", "rollout.n=2",
+                 "data.prompts_per_step=2", "rl.max_steps=2", "rl.save_every=1",
+                 "rl.eval_every=0", f"data.train_path={DATA / 'train.jsonl'}",
+                 f"data.val_path={DATA / 'val.jsonl'}"]  # fmt: skip
+    assert cli(["grpo", "--config", "smollm2_calculator", "--", *overrides]) == 0
+    summary = runpy.run_path(str(EVAL))["main"](["--run", str(run), "--out", str(tmp_path / "e")])
+    assert summary["step"] == 2 and summary["problems"] == 100
+    assert "step 2, 100 held-out problems" in capsys.readouterr().out
