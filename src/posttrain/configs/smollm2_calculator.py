@@ -43,7 +43,9 @@ def build_config() -> PosttrainConfig:
         task="jsonl",
         train_path="examples/smollm2_calculator/train.jsonl",
         val_path="examples/smollm2_calculator/val.jsonl",
-        prompts_per_step=cfg.data.prompts_per_step,
+        # 4 prompts x 8 trajectories a step (the two-term recipe: 8 x 8): a trajectory here is
+        # about twice as long (a ~200-token system message, a call, its result, the answer).
+        prompts_per_step=4,
         prompt_template="chat",
         system_prompt=SYSTEM,
     )
