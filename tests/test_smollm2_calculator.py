@@ -15,7 +15,12 @@ import pytest
 from multiturn_fixtures import build_tools_model
 
 from posttrain.config import load_config
-from posttrain.configs.smollm2_calculator import ENVIRONMENT, SYSTEM, calculator_environment
+from posttrain.configs.smollm2_calculator import (
+    ENVIRONMENT,
+    EXAMPLE,
+    SYSTEM,
+    calculator_environment,
+)
 from posttrain.control import run_preflight
 from posttrain.data.tasks.calculator_mix import KINDS, expression, kind_of, problems, write_splits
 from posttrain.env.tools import CALL_OPEN, fallback_system_prompt
@@ -36,7 +41,14 @@ def test_recipe_names_the_fallback_calculator_and_the_held_out_file():
     opening = env.reset({"prompt": "Calculate 1 + 2."})
     system = f"{SYSTEM}\n{fallback_system_prompt(env.tool_list)}"
     assert opening[0] == {"role": "system", "content": system}
-    assert CALL_OPEN in opening[0]["content"] and opening[1]["content"] == "Calculate 1 + 2."
+    assert opening[1:-1] == EXAMPLE and opening[-1] == {
+        "role": "user",
+        "content": "Calculate 1 + 2.",
+    }
+    assert CALL_OPEN in opening[0]["content"] and CALL_OPEN in EXAMPLE[1]["content"]
+    # the example's call is one the environment parses and answers as the example says
+    answered = env.step([*opening[:3]])
+    assert answered.info["tool_errors"] == 0 and answered.messages[0] == EXAMPLE[2]
 
 
 def test_the_shipped_problem_files_are_the_generators_and_disjoint(tmp_path):

@@ -18,21 +18,54 @@ a run without the tool (``env.name=''``) sees. What it measured: ``docs/guides/t
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from posttrain.config import PosttrainConfig
 from posttrain.config.sections import DataConfig
 from posttrain.configs.smollm2_reasoning_gym import build_config as smollm2_config
-from posttrain.env.tools import CALCULATOR, ToolsEnv
+from posttrain.env.base import Message
+from posttrain.env.tools import (
+    CALCULATOR,
+    CALL_CLOSE,
+    CALL_OPEN,
+    RESPONSE_CLOSE,
+    RESPONSE_OPEN,
+    ToolsEnv,
+)
 
 #: The task's instruction, with or without the tool (the tool's format is appended to it).
 SYSTEM = "Answer the question. End your answer with the final result as a number."
+
+_CALL = {"name": "calculator", "arguments": {"expression": "12 * 34 + 5"}}
 
 #: The environment this recipe names in ``env.name``.
 ENVIRONMENT = "posttrain.configs.smollm2_calculator:calculator_environment"
 
 
+#: A worked exchange before the question: with the system message alone, SmolLM2 called the
+#: tool on 0 of 100 held-out problems (greedy) and 0 of 128 training samples at temperature 0.6,
+#: whatever the wording (three tried), so the reward never varied.
+EXAMPLE = [
+    {"role": "user", "content": "Calculate 12 * 34 + 5."},
+    {"role": "assistant", "content": f"{CALL_OPEN}{json.dumps(_CALL)}{CALL_CLOSE}"},
+    {"role": "user", "content": f"{RESPONSE_OPEN}413{RESPONSE_CLOSE}"},
+    {"role": "assistant", "content": "12 * 34 + 5 = 413"},
+]
+
+
+class CalculatorEnv(ToolsEnv):
+    """The calculator in the fallback mode, with :data:`EXAMPLE` between the system message and
+    the question."""
+
+    def reset(self, item: dict[str, Any]) -> list[Message]:
+        system, *question = super().reset(item)
+        return [system, *EXAMPLE, *question]
+
+
 def calculator_environment() -> ToolsEnv:
     """The calculator in the fallback mode, after :data:`SYSTEM` (SmolLM2 has no tools)."""
-    return ToolsEnv([CALCULATOR], native_tools=False, system=SYSTEM)
+    return CalculatorEnv([CALCULATOR], native_tools=False, system=SYSTEM)
 
 
 def build_config() -> PosttrainConfig:
