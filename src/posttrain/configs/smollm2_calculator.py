@@ -44,7 +44,7 @@ ENVIRONMENT = "posttrain.configs.smollm2_calculator:calculator_environment"
 
 
 #: A worked exchange before the question: with the system message alone, SmolLM2 called the
-#: tool on 0 of 100 held-out problems (greedy) and 0 of 128 training samples at temperature 0.6,
+#: tool on 0 of 100 held-out problems (greedy) and 0 of 64 training samples at temperature 0.6,
 #: whatever the wording (three tried), so the reward never varied.
 EXAMPLE = [
     {"role": "user", "content": "Calculate 12 * 34 + 5."},
