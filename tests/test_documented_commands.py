@@ -44,7 +44,7 @@ SKIPPED = {
     "posttrain grpo --config smollm2_reasoning_gym": "SmolLM2-135M training, hours on a CPU",
     "posttrain plot outputs/grpo/smollm2_135m_basic_arithmetic": "plots the SmolLM2 run above",
     "posttrain grpo --config smollm2_calculator": "SmolLM2-135M training with the calculator, "
-    "about an hour on a CPU",
+    "about 30 minutes on a CPU",
     "python examples/smollm2_calculator_eval.py": "evaluates SmolLM2-135M (its files are not in "
     "CI); tests/test_smollm2_calculator.py runs the script on a tiny model",
     "posttrain grpo --config my_recipe.py": "a user's recipe on a Ray cluster (placeholders)",
