@@ -23,7 +23,13 @@ from posttrain.configs.smollm2_calculator import (
 )
 from posttrain.control import run_preflight
 from posttrain.data.tasks.calculator_mix import KINDS, expression, kind_of, problems, write_splits
-from posttrain.env.tools import CALL_OPEN, fallback_system_prompt
+from posttrain.env.tools import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    RESPONSE_CLOSE,
+    RESPONSE_OPEN,
+    fallback_system_prompt,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "examples" / "smollm2_calculator"
@@ -39,13 +45,16 @@ def test_recipe_names_the_fallback_calculator_and_the_held_out_file():
     env = calculator_environment()
     assert env.tools == []  # nothing for tools=, which SmolLM2's template drops
     opening = env.reset({"prompt": "Calculate 1 + 2."})
-    system = f"{SYSTEM}\n{fallback_system_prompt(env.tool_list)}"
+    system = f"{SYSTEM}\n{fallback_system_prompt(env.inner.tool_list)}"
     assert opening[0] == {"role": "system", "content": system}
     assert opening[1:-1] == EXAMPLE and opening[-1] == {
         "role": "user",
         "content": "Calculate 1 + 2.",
     }
-    assert CALL_OPEN in opening[0]["content"] and CALL_OPEN in EXAMPLE[1]["content"]
+    assert EXAMPLE[1]["content"].startswith(CALL_OPEN) and EXAMPLE[1]["content"].endswith(
+        CALL_CLOSE
+    )
+    assert EXAMPLE[2]["content"] == f"{RESPONSE_OPEN}413{RESPONSE_CLOSE}"
     # the example's call is one the environment parses and answers as the example says
     answered = env.step([*opening[:3]])
     assert answered.info["tool_errors"] == 0 and answered.messages[0] == EXAMPLE[2]

@@ -24,48 +24,52 @@ from typing import Any
 from posttrain.config import PosttrainConfig
 from posttrain.config.sections import DataConfig
 from posttrain.configs.smollm2_reasoning_gym import build_config as smollm2_config
-from posttrain.env.base import Message
-from posttrain.env.tools import (
-    CALCULATOR,
-    CALL_CLOSE,
-    CALL_OPEN,
-    RESPONSE_CLOSE,
-    RESPONSE_OPEN,
-    ToolsEnv,
-)
 
 #: The task's instruction, with or without the tool (the tool's format is appended to it).
 SYSTEM = "Answer the question. End your answer with the final result as a number."
 
 _CALL = {"name": "calculator", "arguments": {"expression": "12 * 34 + 5"}}
 
+#: A worked exchange before the question: with the system message alone, SmolLM2 called the
+#: tool on 0 of 100 held-out problems (greedy) and 0 of 64 training samples at temperature 0.6,
+#: whatever the wording (three tried), so the reward never varied. The markers are the tools
+#: environment's (``posttrain.env.tools``; a test checks they match).
+EXAMPLE = [
+    {"role": "user", "content": "Calculate 12 * 34 + 5."},
+    {"role": "assistant", "content": f"<tool_call>{json.dumps(_CALL)}</tool_call>"},
+    {"role": "user", "content": "<tool_response>413</tool_response>"},
+    {"role": "assistant", "content": "12 * 34 + 5 = 413"},
+]
+
 #: The environment this recipe names in ``env.name``.
 ENVIRONMENT = "posttrain.configs.smollm2_calculator:calculator_environment"
 
 
-#: A worked exchange before the question: with the system message alone, SmolLM2 called the
-#: tool on 0 of 100 held-out problems (greedy) and 0 of 64 training samples at temperature 0.6,
-#: whatever the wording (three tried), so the reward never varied.
-EXAMPLE = [
-    {"role": "user", "content": "Calculate 12 * 34 + 5."},
-    {"role": "assistant", "content": f"{CALL_OPEN}{json.dumps(_CALL)}{CALL_CLOSE}"},
-    {"role": "user", "content": f"{RESPONSE_OPEN}413{RESPONSE_CLOSE}"},
-    {"role": "assistant", "content": "12 * 34 + 5 = 413"},
-]
+class CalculatorEnv:
+    """The tools environment ``inner`` with :data:`EXAMPLE` between its system message and the
+    question; its steps and tools unchanged."""
 
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
 
-class CalculatorEnv(ToolsEnv):
-    """The calculator in the fallback mode, with :data:`EXAMPLE` between the system message and
-    the question."""
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return self.inner.tools
 
-    def reset(self, item: dict[str, Any]) -> list[Message]:
-        system, *question = super().reset(item)
+    def reset(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        system, *question = self.inner.reset(item)
         return [system, *EXAMPLE, *question]
 
+    def step(self, messages: list[dict[str, Any]]) -> Any:
+        return self.inner.step(messages)
 
-def calculator_environment() -> ToolsEnv:
+
+def calculator_environment() -> CalculatorEnv:
     """The calculator in the fallback mode, after :data:`SYSTEM` (SmolLM2 has no tools)."""
-    return CalculatorEnv([CALCULATOR], native_tools=False, system=SYSTEM)
+    # Imported here: listing the recipes (`posttrain grpo --help`) must not load transformers.
+    from posttrain.env.tools import CALCULATOR, ToolsEnv
+
+    return CalculatorEnv(ToolsEnv([CALCULATOR], native_tools=False, system=SYSTEM))
 
 
 def build_config() -> PosttrainConfig:
