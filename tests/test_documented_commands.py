@@ -45,6 +45,10 @@ SKIPPED = {
     "posttrain model import-gguf": "needs SmolLM2's GGUF file (the smollm extra), not in CI",
     "posttrain grpo --config smollm2_reasoning_gym": "SmolLM2-135M training, hours on a CPU",
     "posttrain plot outputs/grpo/smollm2_135m_basic_arithmetic": "plots the SmolLM2 run above",
+    "posttrain grpo --config smollm2_calculator": "SmolLM2-135M training with the calculator, "
+    "about 30 minutes on a CPU",
+    "python examples/smollm2_calculator_eval.py": "evaluates SmolLM2-135M (its files are not in "
+    "CI); tests/test_smollm2_calculator.py runs the script on a tiny model",
     "posttrain grpo --config my_recipe.py": "a user's recipe on a Ray cluster (placeholders)",
     "posttrain grpo --objective my_loss:build": "placeholder for the user's module; "
     "docs/guides/objectives.md runs the real one",

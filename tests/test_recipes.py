@@ -16,6 +16,7 @@ EXPECTED_WARNINGS = {
     "dr_grpo_qwen3b_gsm8k": [],
     "gspo_qwen3b_gsm8k": ["model.dtype=bfloat16 at rl.importance_sampling_level=sequence"],
     "smollm2_reasoning_gym": [],
+    "smollm2_calculator": [],
     "arithmetic_clipped": [],
     "opd_arithmetic": [],
     "dpo_shapes": [],
