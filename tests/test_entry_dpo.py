@@ -146,10 +146,17 @@ def test_pretrain_tool_writes_a_loadable_pipeline(tmp_path):
 
 
 def test_ray_placement_matches_local(base):
-    """The policy as one Ray actor: same losses, evaluation and weights as in-process."""
+    """The policy as one Ray actor: same losses, evaluation and weights as in-process, where the
+    run takes placement.torch_threads_per_process threads whatever this process had."""
     ray = pytest.importorskip("ray")
     steps = {"rl.max_steps": 2, "rl.eval_every": 2}
-    local = train(opts_for(base, "local", **steps))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        local = train(opts_for(base, "local", **steps))
+        assert torch.get_num_threads() == 1  # the key's default, as in the Ray actor
+    finally:
+        torch.set_num_threads(before)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
     try:
         remote = train(opts_for(base, "ray", **steps, **{"placement.backend": "ray",
