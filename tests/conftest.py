@@ -1,6 +1,9 @@
-"""Shared fixtures: tiny float64 models and synthetic trajectory batches built locally."""
+"""Shared fixtures: tiny float64 models and synthetic trajectory batches built locally, and one
+local Ray instance for every test module that places roles on Ray."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
@@ -62,3 +65,43 @@ def random_batch(
 @pytest.fixture
 def model():
     return tiny_llama()
+
+
+RAY_CPUS = 2  # the capacity checks' messages in the Ray tests count on exactly this many
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules with a test on the shared Ray instance (:func:`ray_cluster`) run together,
+    last: the instance starts once, after every other test (none runs beside Ray's daemons)."""
+    ray_files = {i.path for i in items if "ray_cluster" in getattr(i, "fixturenames", ())}
+    items[:] = [i for i in items if i.path not in ray_files] + [
+        i for i in items if i.path in ray_files
+    ]
+
+
+@pytest.fixture(scope="session")
+def _ray_instance():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=True)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(_ray_instance):
+    """The session's local Ray instance (its GCS address, for CLI drivers that join it), idle.
+
+    Starting Ray costs seconds on 2 cores; a placement attaches to an instance this process
+    already runs (``posttrain.placement.ray``) and leaves it running. Each module starts once
+    the actors of the modules before it (killed ranks, killed drivers' jobs) have given their
+    CPUs back, so it sees the whole instance as a fresh one would."""
+    import ray
+
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0.0) < RAY_CPUS:
+        assert time.monotonic() < deadline, (
+            f"the shared Ray instance still holds CPUs of an earlier module's actors: "
+            f"{ray.available_resources()}"
+        )
+        time.sleep(0.1)
+    return _ray_instance
