@@ -3,7 +3,9 @@ local Ray instance for every test module that places roles on Ray."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,12 +73,39 @@ RAY_CPUS = 2  # the capacity checks' messages in the Ray tests count on exactly 
 
 
 def pytest_collection_modifyitems(config, items):
-    """The modules with a test on the shared Ray instance (:func:`ray_cluster`) run together,
-    last: the instance starts once, after every other test (none runs beside Ray's daemons)."""
+    """The modules with a test on the shared Ray instance (:func:`ray_cluster`) run together, so
+    the instance starts once: in one process last, after every other test (none runs beside
+    Ray's daemons); under pytest-xdist first, as the longest unit (see below)."""
     ray_files = {i.path for i in items if "ray_cluster" in getattr(i, "fixturenames", ())}
-    items[:] = [i for i in items if i.path not in ray_files] + [
-        i for i in items if i.path in ray_files
-    ]
+    on_ray = [i for i in items if i.path in ray_files]
+    rest = [i for i in items if i.path not in ray_files]
+    items[:] = on_ray + rest if os.environ.get("PYTEST_XDIST_WORKER") else rest + on_ray
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (``make test``: ``-n 2 --dist loadfile``), with every file that uses
+    :func:`ray_cluster` in one unit: one worker runs them all, one after another, on one Ray
+    instance, while the other worker takes the remaining files (each file's module fixtures are
+    built once). The Ray unit goes first, in collection order: it is the longest."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    here = Path(__file__).parent
+    ray_files = {
+        str(p.relative_to(config.rootpath))
+        for p in here.glob("test_*.py")
+        if "ray_cluster" in p.read_text()
+    }
+
+    class FilesAndRay(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ray" if path in ray_files else path
+
+    config.option.loadscopereorder = False
+    return FilesAndRay(config, log)
 
 
 @pytest.fixture(scope="session")
