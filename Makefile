@@ -25,8 +25,9 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# Two workers, a file at a time each (the Ray files as one unit: tests/conftest.py).
 test: install lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # Regenerate the config reference from the schema; tests/test_config_reference.py fails when stale.
 docs: install

@@ -1,6 +1,11 @@
-"""Shared fixtures: tiny float64 models and synthetic trajectory batches built locally."""
+"""Shared fixtures: tiny float64 models and synthetic trajectory batches built locally, and one
+local Ray instance for every test module that places roles on Ray."""
 
 from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,3 +67,70 @@ def random_batch(
 @pytest.fixture
 def model():
     return tiny_llama()
+
+
+RAY_CPUS = 2  # the capacity checks' messages in the Ray tests count on exactly this many
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules with a test on the shared Ray instance (:func:`ray_cluster`) run together, so
+    the instance starts once: in one process last, after every other test (none runs beside
+    Ray's daemons); under pytest-xdist first, as the longest unit (see below)."""
+    ray_files = {i.path for i in items if "ray_cluster" in getattr(i, "fixturenames", ())}
+    on_ray = [i for i in items if i.path in ray_files]
+    rest = [i for i in items if i.path not in ray_files]
+    items[:] = on_ray + rest if os.environ.get("PYTEST_XDIST_WORKER") else rest + on_ray
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (``make test``: ``-n 2 --dist loadfile``), with every file that uses
+    :func:`ray_cluster` in one unit: one worker runs them all, one after another, on one Ray
+    instance, while the other worker takes the remaining files (each file's module fixtures are
+    built once). The Ray unit goes first, in collection order: it is the longest."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    here = Path(__file__).parent
+    ray_files = {
+        str(p.relative_to(config.rootpath))
+        for p in here.glob("test_*.py")
+        if "ray_cluster" in p.read_text()
+    }
+
+    class FilesAndRay(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ray" if path in ray_files else path
+
+    config.option.loadscopereorder = False
+    return FilesAndRay(config, log)
+
+
+@pytest.fixture(scope="session")
+def _ray_instance():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=True)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(_ray_instance):
+    """The session's local Ray instance (its GCS address, for CLI drivers that join it), idle.
+
+    Starting Ray costs seconds on 2 cores; a placement attaches to an instance this process
+    already runs (``posttrain.placement.ray``) and leaves it running. Each module starts once
+    the actors of the modules before it (killed ranks, killed drivers' jobs) have given their
+    CPUs back, so it sees the whole instance as a fresh one would."""
+    import ray
+
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0.0) < RAY_CPUS:
+        assert time.monotonic() < deadline, (
+            f"the shared Ray instance still holds CPUs of an earlier module's actors: "
+            f"{ray.available_resources()}"
+        )
+        time.sleep(0.1)
+    return _ray_instance

@@ -62,14 +62,16 @@ def length_reward(prompt: str, completion: str, answer: str, meta: dict) -> floa
 
 
 class PidChatty(Chatty):
-    """:class:`Chatty` that notes the process it runs in (``MT_PID_DIR``), once per episode."""
+    """:class:`Chatty` that notes the process it runs in, once per episode, in the folder
+    ``mt_pids`` of its working directory when there is one (a Ray actor works in its driver's
+    directory, whichever Ray instance it joined)."""
 
     def reset(self, item):
         import os
 
-        where = os.environ.get("MT_PID_DIR")
-        if where:
-            (Path(where) / f"{os.getpid()}").write_text("env")
+        where = Path("mt_pids")
+        if where.is_dir():
+            (where / f"{os.getpid()}").write_text("env")
         return super().reset(item)
 
 

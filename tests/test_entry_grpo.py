@@ -213,7 +213,13 @@ def test_malformed_data_row_names_file_and_line(tmp_path, tiny_dir):
     assert f"{bad}:2" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_torch_threads_untouched_by_local_run(tmp_path, tiny_dir):
+def test_a_local_run_works_in_the_configured_torch_threads(tmp_path, tiny_dir):
+    """placement.torch_threads_per_process sets this process's threads for a local run, whatever
+    the caller had."""
     before = torch.get_num_threads()
-    train(quick_opts(tmp_path, tiny_dir, **{"rl.max_steps": 1}))
-    assert torch.get_num_threads() == before
+    torch.set_num_threads(2)
+    try:
+        train(quick_opts(tmp_path, tiny_dir, **{"rl.max_steps": 1}))
+        assert torch.get_num_threads() == 1  # the key's default
+    finally:
+        torch.set_num_threads(before)

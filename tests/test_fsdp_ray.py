@@ -1,7 +1,8 @@
-"""FSDP policy ranks through the Ray entry: the arithmetic recipe for three steps in-process
+"""FSDP policy ranks through the Ray entry: the arithmetic recipe for four steps in-process
 (one unsharded rank) and on Ray with two FSDP ranks give the same run (to float rounding), the
 sharded checkpoint the run wrote exports to a folder ``from_pretrained`` loads, and a CLI run on
-two FSDP ranks whose rank is killed with SIGKILL resumes bit-exactly."""
+two FSDP ranks whose rank is killed with SIGKILL resumes to that run's numbers and shards, bit
+for bit."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from posttrain.entrypoints import grpo  # noqa: E402
 from posttrain.model.tiny import build_tiny_model  # noqa: E402
 from posttrain.trainer.export import export_hf  # noqa: E402
 
-STEPS = 3
+STEPS = 4
 REPO = Path(__file__).resolve().parents[1]
 FSDP = {
     "placement.backend": "ray",
@@ -38,13 +39,6 @@ FSDP = {
 
 def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
     return float(sum(c.isdigit() for c in completion))
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +58,7 @@ def opts_for(root: Path, tiny: Path, **extra) -> list[str]:
         "reward.functions": "[test_fsdp_ray:digit_reward]",
         "rl.lr": 0.01,
         "rl.max_steps": STEPS,
-        "rl.save_every": STEPS,
+        "rl.save_every": 2,
         "rl.eval_every": 0,
         # 5 rows a rank in one micro-batch and 3 in the other: ranks run unequal numbers of
         # micro-batches, so the lockstep padding is exercised.
@@ -80,7 +74,7 @@ def opts_for(root: Path, tiny: Path, **extra) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(cluster, tiny, tmp_path_factory):
+def runs(ray_cluster, tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     out = {}
     for name, extra in [("local", {}), ("fsdp2", FSDP)]:
@@ -158,16 +152,15 @@ def step_rows(run_dir: Path) -> dict[int, dict]:
     }  # fmt: skip
 
 
-def test_kill_9_of_a_rank_then_resume_is_bit_exact(cluster, tiny, tmp_path):
-    """Four steps straight vs. a run whose policy rank 1 is SIGKILLed after the step-2
-    checkpoint and that then resumes: the same metrics and the same final shards, bit for bit."""
-    extra = {**FSDP, "placement.ray_address": cluster, "rl.max_steps": 4, "rl.save_every": 2}
+def test_kill_9_of_a_rank_then_resume_is_bit_exact(runs, ray_cluster, tmp_path):
+    """The module's four FSDP steps straight vs. a CLI run of them whose policy rank 1 is
+    SIGKILLed after the step-2 checkpoint and that then resumes: the same metrics and the same
+    final shards, bit for bit."""
+    tiny, out = runs
+    extra = {**FSDP, "placement.ray_address": ray_cluster}
     run_dir = Path("grpo") / "arithmetic_tiny"
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    straight = cli(tmp_path / "a", opts_for(tmp_path / "a", tiny, **extra))
-    assert straight.wait(timeout=300) == 0, straight.communicate()[1][-3000:]
     killed_dir = tmp_path / "b"
+    killed_dir.mkdir()
     killed = cli(killed_dir, opts_for(killed_dir, tiny, **extra))
     ckpts = killed_dir / run_dir / "checkpoints"
     deadline = time.monotonic() + 240
@@ -184,9 +177,9 @@ def test_kill_9_of_a_rank_then_resume_is_bit_exact(cluster, tiny, tmp_path):
     resumed = cli(killed_dir, opts_for(killed_dir, tiny, **extra, **{"rl.resume": "auto"}))
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-3000:]
-    a, b = step_rows(tmp_path / "a" / run_dir), step_rows(killed_dir / run_dir)
+    a, b = step_rows(Path(out["fsdp2"]["run_dir"])), step_rows(killed_dir / run_dir)
     assert sorted(a) == [1, 2, 3, 4] and {s: b[s] for s in (3, 4)} == {s: a[s] for s in (3, 4)}
-    final_a = tmp_path / "a" / run_dir / "checkpoints" / "step_00000004"
+    final_a = ckpt(out["fsdp2"])
     final_b = ckpts / "step_00000004"
     ea, eb = export_hf(final_a, tmp_path / "ea"), export_hf(final_b, tmp_path / "eb")
     for f in sorted(ea.glob("*.safetensors")):

@@ -17,14 +17,14 @@ from posttrain.config.build import build_objective  # noqa: E402
 from posttrain.entrypoints import grpo  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def pid_dir(tmp_path_factory):
-    where = tmp_path_factory.mktemp("pids")
-    os.environ["MT_PID_DIR"] = str(where)  # before ray.init: the actors inherit it
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
-    yield where
-    ray.shutdown()
-    os.environ.pop("MT_PID_DIR", None)
+@pytest.fixture
+def pid_dir(ray_cluster, tmp_path, monkeypatch):
+    """Where the environments note their process: ``mt_pids`` of the driver's working directory,
+    which the Ray actors work in too."""
+    monkeypatch.chdir(tmp_path)
+    where = tmp_path / "mt_pids"
+    where.mkdir()
+    return where
 
 
 def _run(root: Path, model: Path, name: str, **extra) -> list[dict]:

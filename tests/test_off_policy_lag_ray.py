@@ -4,8 +4,8 @@ trains, and the run still replays and resumes bit for bit.
 Three runs of the arithmetic recipe with the clipped surrogate (so the importance correction is
 read): two identical in-process drivers, and a CLI driver killed with SIGKILL after its step-2
 checkpoint, then resumed with ``rl.resume=auto``; dynamic sampling is on. A k=0 run shows the lag
-changes the numbers (so the equalities below can fail). OPD's teacher, a declared role, scores on
-the data side of the pipeline.
+changes the numbers (so the equalities below can fail). OPD's teacher under a lag:
+tests/test_opd_ray.py (beside the k=0 OPD run it compares with).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from posttrain.config import load_config  # noqa: E402
 from posttrain.config.build import build_objective  # noqa: E402
 from posttrain.entrypoints import grpo  # noqa: E402
 from posttrain.model.tiny import build_tiny_model  # noqa: E402
-from posttrain.testing import run_numbers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -41,13 +40,6 @@ def slow_digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> 
     if os.environ.get("LAG_TEST_SLOW_REWARD"):
         time.sleep(0.03)
     return float(sum(c.isdigit() for c in completion))
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -98,13 +90,13 @@ def same_params(a: dict, b: dict) -> bool:
 
 
 @pytest.fixture(scope="module")
-def straight(cluster, tiny_dir, tmp_path_factory):
+def straight(ray_cluster, tiny_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("lag1")
     train(opts_for(root, tiny_dir))
     return root
 
 
-def test_two_lagged_runs_with_one_seed_are_bit_identical(straight, cluster, tiny_dir, tmp_path):
+def test_two_lagged_runs_with_one_seed_are_bit_identical(straight, ray_cluster, tiny_dir, tmp_path):
     train(opts_for(tmp_path, tiny_dir))
     a, b = rows(straight), rows(tmp_path)
     assert [r["step"] for r in a] == list(range(STEPS + 1))
@@ -122,7 +114,7 @@ def test_two_lagged_runs_with_one_seed_are_bit_identical(straight, cluster, tiny
     assert [c["step"] for c in state["in_flight"]] == [3] and state["in_flight"][0]["version"] == 1
 
 
-def test_the_lag_changes_the_run_from_step_2_on(straight, cluster, tiny_dir, tmp_path):
+def test_the_lag_changes_the_run_from_step_2_on(straight, ray_cluster, tiny_dir, tmp_path):
     """Step 1 trains on the same batch (initial weights) either way; step 2's batch is sampled
     with the weights after step 1 without a lag, with the initial ones under it."""
     train(opts_for(tmp_path, tiny_dir, **{"rl.off_policy_lag": 0, "rl.rollout_is_cap": 2.0}))
@@ -133,8 +125,8 @@ def test_the_lag_changes_the_run_from_step_2_on(straight, cluster, tiny_dir, tmp
     assert not same_params(params(straight), params(tmp_path))
 
 
-def test_kill_9_then_resume_auto_continues_bit_exactly(straight, cluster, tiny_dir, tmp_path):
-    opts = opts_for(tmp_path, tiny_dir, **{"placement.ray_address": cluster})
+def test_kill_9_then_resume_auto_continues_bit_exactly(straight, ray_cluster, tiny_dir, tmp_path):
+    opts = opts_for(tmp_path, tiny_dir, **{"placement.ray_address": ray_cluster})
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO / 'tests'}"}
     cmd = [sys.executable, "-m", "posttrain.entrypoints.grpo", "--config", "arithmetic", "--"]
     driver = subprocess.Popen([*cmd, *opts], cwd=tmp_path, env={**env, "LAG_TEST_SLOW_REWARD": "1"},
@@ -157,28 +149,3 @@ def test_kill_9_then_resume_auto_continues_bit_exactly(straight, cluster, tiny_d
     a = {r["step"]: r for r in rows(straight)}
     b = {r["step"]: r for r in rows(tmp_path)}  # the resumed steps overwrite the killed ones
     assert all(a[s] == b[s] for s in range(3, STEPS + 1))
-
-
-def test_opd_teacher_scores_on_the_data_side_under_a_lag(cluster, tmp_path):
-    from test_entry_opd import RECIPE, opd_opts, rows_of
-
-    from posttrain.entrypoints import opd
-
-    models = {
-        "student": build_tiny_model("arith", tmp_path / "student", seed=0),
-        "teacher": build_tiny_model("arith", tmp_path / "teacher", seed=1),
-    }
-    out = {}
-    for k in (0, 1):
-        opts = opd_opts(tmp_path / f"k{k}", models, **{
-            "rl.distillation_mode": "direct", "placement.backend": "ray",
-            "placement.cpus_per_role": 0.4, "rl.off_policy_lag": k,
-        })  # fmt: skip
-        config = load_config(RECIPE, ["--", *opts])
-        out[k] = run_numbers(
-            rows_of(opd.run(config, RECIPE, opts, grpo.default_out_dir(config))["run_dir"])
-        )
-    assert [r["train/offpolicy/staleness"] for r in out[1][1:]] == [0.0, 1.0, 1.0]
-    del out[1][1]["train/offpolicy/staleness"]
-    assert out[1][1] == out[0][1]  # step 1: the same batch, teacher columns included
-    assert out[1][3] != out[0][3]

@@ -1,4 +1,5 @@
-"""OPD with the teacher as a Ray actor equals the in-process run for three steps, bit for bit."""
+"""OPD with the teacher as a Ray actor equals the in-process run for three steps, bit for bit;
+under rl.off_policy_lag=1 the teacher, a declared role, scores on the data side of the pipeline."""
 
 from __future__ import annotations
 
@@ -31,19 +32,15 @@ def models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, models):
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
-    try:
-        out = {}
-        root = tmp_path_factory.mktemp("opd_ray_runs")
-        for name, extra in (("local", {}), ("ray", {"placement.backend": "ray",
-                                                     "placement.cpus_per_role": 0.5})):  # fmt: skip
-            opts = opd_opts(root / name, models, **{"rl.distillation_mode": "direct", **extra})
-            config = load_config(RECIPE, ["--", *opts])
-            out[name] = opd.run(config, RECIPE, opts, default_out_dir(config))
-        yield out
-    finally:
-        ray.shutdown()
+def runs(ray_cluster, tmp_path_factory, models):
+    out = {}
+    root = tmp_path_factory.mktemp("opd_ray_runs")
+    for name, extra in (("local", {}), ("ray", {"placement.backend": "ray",
+                                                 "placement.cpus_per_role": 0.5})):  # fmt: skip
+        opts = opd_opts(root / name, models, **{"rl.distillation_mode": "direct", **extra})
+        config = load_config(RECIPE, ["--", *opts])
+        out[name] = opd.run(config, RECIPE, opts, default_out_dir(config))
+    return out
 
 
 def _params(summary) -> dict[str, torch.Tensor]:
@@ -58,3 +55,18 @@ def test_teacher_actor_gives_the_in_process_numbers(runs):
     assert run_numbers(a) == run_numbers(b)  # rewards, losses, divergences: bit-identical
     pa, pb = _params(runs["local"]), _params(runs["ray"])
     assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_the_teacher_scores_on_the_data_side_under_a_lag(runs, models, tmp_path):
+    """k=1 against the module's Ray run (k=0, the same run but for the lag)."""
+    opts = opd_opts(tmp_path / "k1", models, **{
+        "rl.distillation_mode": "direct", "placement.backend": "ray",
+        "placement.cpus_per_role": 0.4, "rl.off_policy_lag": 1,
+    })  # fmt: skip
+    config = load_config(RECIPE, ["--", *opts])
+    lagged = run_numbers(rows_of(opd.run(config, RECIPE, opts, default_out_dir(config))["run_dir"]))
+    straight = run_numbers(rows_of(runs["ray"]["run_dir"]))
+    assert [r["train/offpolicy/staleness"] for r in lagged[1:]] == [0.0, 1.0, 1.0]
+    del lagged[1]["train/offpolicy/staleness"]
+    assert lagged[1] == straight[1]  # step 1: the same batch, teacher columns included
+    assert lagged[3] != straight[3]

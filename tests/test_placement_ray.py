@@ -1,4 +1,4 @@
-"""Ray placement on a local 2-CPU Ray instance (started once for this module).
+"""Ray placement on the local 2-CPU Ray instance the test session shares (tests/conftest.py).
 
 The arithmetic recipe for three steps in-process, on Ray with one policy rank and on Ray with
 two: the same rewards and the same parameters. Builders and reward functions below are at module
@@ -62,13 +62,6 @@ def recording_builder(record_dir: str, rl, ctx):
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
 
@@ -114,7 +107,7 @@ def records(path: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(path.glob("*.json"))]
 
 
-def test_nested_builder_is_refused_before_any_actor_starts(cluster, tmp_path, tiny_dir):
+def test_nested_builder_is_refused_before_any_actor_starts(ray_cluster, tmp_path, tiny_dir):
     def nested(rl, ctx):
         return build_objective(rl, ctx)
 
@@ -128,7 +121,7 @@ def test_nested_builder_is_refused_before_any_actor_starts(cluster, tmp_path, ti
 
 
 def test_roles_that_do_not_fit_the_cluster_are_refused_before_any_actor_starts(
-    cluster, tmp_path, tiny_dir
+    ray_cluster, tmp_path, tiny_dir
 ):
     from posttrain.config import ConfigError
     from posttrain.entrypoints.dpo import build_trainer
@@ -147,7 +140,7 @@ def test_roles_that_do_not_fit_the_cluster_are_refused_before_any_actor_starts(
 
 
 @pytest.fixture(scope="module")
-def runs(cluster, tiny_dir, tmp_path_factory):
+def runs(ray_cluster, tiny_dir, tmp_path_factory):
     """Three runs of the same recipe and seed: in-process, Ray with 1 policy rank, with 2."""
     root = tmp_path_factory.mktemp("runs")
     out = {}
@@ -220,8 +213,10 @@ def policy_host_pids(cwd: Path) -> list[int]:
     return pids
 
 
-def test_killed_policy_rank_stops_a_cli_run_that_joined_the_cluster(cluster, tiny_dir, tmp_path):
-    """A CLI driver joins this module's Ray instance by address and trains on two policy ranks;
+def test_killed_policy_rank_stops_a_cli_run_that_joined_the_cluster(
+    ray_cluster, tiny_dir, tmp_path
+):
+    """A CLI driver joins the shared Ray instance by address and trains on two policy ranks;
     one rank is killed mid-run. The driver exits non-zero within a bounded time with one line
     naming the role (the surviving rank, blocked in a collective, is ended, not waited on), and
     the last complete checkpoint loads."""
@@ -297,7 +292,7 @@ class Sleeper:
         return seconds
 
 
-def test_a_stopped_actor_neither_hangs_the_driver_nor_deafens_it_to_signals(cluster):
+def test_a_stopped_actor_neither_hangs_the_driver_nor_deafens_it_to_signals(ray_cluster):
     """Issue 24 item 8, on the wait every role call goes through: a call past
     placement.role_call_timeout_s fails in one line naming the role; while a call hangs, a first
     SIGTERM's grace runs out and a second SIGTERM stops at once (not a mangled SystemError)."""

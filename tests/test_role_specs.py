@@ -228,26 +228,21 @@ def test_the_length_role_reaches_the_policy_and_changes_no_number(tmp_path, tiny
     assert run_numbers(rows) == run_numbers(plain)  # a column nobody reads leaves the math alone
 
 
-def test_the_length_role_under_ray_gives_the_local_numbers(tmp_path, tiny_dir):
-    ray = pytest.importorskip("ray")
+def test_the_length_role_under_ray_gives_the_local_numbers(tmp_path, tiny_dir, ray_cluster):
     from posttrain.config import ConfigError
     from posttrain.placement.ray import place_ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
-    try:
-        # Each declared role is one more actor; only one that holds a model asks for GPUs.
-        scorer = RoleSpec("scorer", LengthScorer, adds=("score",))
-        for ask, message in (({"placement.cpus_per_role": 0.5}, r"2.5 CPUs .*x 5 actors"),
-                             ({"placement.cpus_per_role": 0.4, "placement.gpus_per_role": 1},
-                              r"3 GPUs .*x 3 model actors")):  # fmt: skip
-            opts = _opts(tmp_path, tiny_dir, **ask)
-            config = load_config("arithmetic", ["--", *opts])
-            with pytest.raises(ConfigError, match=message):
-                place_ray(config, "arithmetic", opts, build_objective, "run", (LENGTH, scorer))
-        remote, seen = _run(tmp_path / "ray", tiny_dir, (LENGTH,), **{
-            "placement.backend": "ray", "placement.cpus_per_role": 0.5})  # fmt: skip
-    finally:
-        ray.shutdown()
+    # Each declared role is one more actor; only one that holds a model asks for GPUs.
+    scorer = RoleSpec("scorer", LengthScorer, adds=("score",))
+    for ask, message in (({"placement.cpus_per_role": 0.5}, r"2.5 CPUs .*x 5 actors"),
+                         ({"placement.cpus_per_role": 0.4, "placement.gpus_per_role": 1},
+                          r"3 GPUs .*x 3 model actors")):  # fmt: skip
+        opts = _opts(tmp_path, tiny_dir, **ask)
+        config = load_config("arithmetic", ["--", *opts])
+        with pytest.raises(ConfigError, match=message):
+            place_ray(config, "arithmetic", opts, build_objective, "run", (LENGTH, scorer))
+    remote, seen = _run(tmp_path / "ray", tiny_dir, (LENGTH,), **{
+        "placement.backend": "ray", "placement.cpus_per_role": 0.5})  # fmt: skip
     local, _ = _run(tmp_path / "local", tiny_dir, (LENGTH,))
     assert sum(seen) == STEPS * 4 and all("time/length_s" in r for r in remote[1:])
     assert run_numbers(remote) == run_numbers(local)

@@ -21,13 +21,6 @@ LORA = ["model.lora_rank=4", "model.lora_alpha=8", "model.lora_target_modules=[q
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
 
@@ -54,7 +47,7 @@ def rollout_weights(host) -> dict[str, torch.Tensor]:
     ids=["unsharded", "fsdp", "fsdp-lora"],
 )
 def test_bucketed_sync_gives_the_rollout_todays_weights(
-    cluster, tiny, tmp_path, sharding, ranks, extra
+    ray_cluster, tiny, tmp_path, sharding, ranks, extra
 ):
     opts = [f"model.name_or_path={tiny}", f"job.output_root={tmp_path}",
             "placement.backend=ray", "placement.cpus_per_role=0.5", f"placement.policy_ranks={ranks}",
