@@ -119,6 +119,7 @@ def main() -> None:
         if proc.returncode or not lines:
             sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
         results.append(json.loads(lines[-1].removeprefix("RESULT ")))
+        print(f"# {name}: {json.dumps(results[-1])}", flush=True)  # survives a later run's kill
     base = next((r["steps_per_s"] for r in results if r["run"] == "ray k=0"), None)
     recipe = WORKLOADS[args.workload][0]
     shape = (f"preset {args.preset}, {args.prompts}x{args.n}, {args.max_tokens} new tokens"
