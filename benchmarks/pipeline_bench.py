@@ -86,6 +86,40 @@ def run_one(name: str, args, workdir: Path) -> dict:
         values = [r[f"time/{phase}_s"] for r in rows if f"time/{phase}_s" in r]
         out[f"{phase}_s"] = statistics.median(values) if values else None
     out["steps_per_s"] = 1.0 / out["step_s"]
+    out["each_step_s"] = [round(r["time/step_s"], 3) for r in rows]  # the spread behind a median
+    return out
+
+
+def _burn(kind: str, seconds: float) -> float:
+    """One thread busy for about ``seconds``: ``matmul`` (1024 x 1024 float32 products,
+    cache-resident: GFLOP/s) or ``stream`` (adds over 256 MiB tensors, memory-bound: GB/s)."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(1)
+    n = 1024 if kind == "matmul" else 1 << 26
+    a, b = (torch.randn(n, n), torch.randn(n, n)) if kind == "matmul" else (torch.ones(n),) * 2
+    work = 2 * n**3 / 1e9 if kind == "matmul" else 3 * 4 * n / 1e9
+    t0, done = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        a @ b if kind == "matmul" else torch.add(a, b)
+        done += 1
+    return work * done / (time.perf_counter() - t0)
+
+
+def contention(seconds: float = 5.0) -> dict:
+    """Each kind of work on one thread alone, then two processes of it at once: how much two
+    busy actors on this machine's two cores slow each other (1.0: not at all)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    out = {}
+    with ProcessPoolExecutor(2) as pool:
+        for kind in ("matmul", "stream"):
+            alone = pool.submit(_burn, kind, seconds).result()
+            pair = [f.result() for f in [pool.submit(_burn, kind, seconds) for _ in range(2)]]
+            out[kind] = {"alone": round(alone, 2), "pair": [round(p, 2) for p in pair],
+                         "slowdown": round(alone / min(pair), 2)}  # fmt: skip
     return out
 
 
@@ -100,8 +134,13 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="steps left out of the medians")
     ap.add_argument("--runs", nargs="+", default=None, choices=list(RUNS))
     ap.add_argument("--json", default=None, help="also write the results to this file")
+    ap.add_argument("--contention", action="store_true",
+                    help="only time two one-thread matmul processes against one")  # fmt: skip
     ap.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.contention:
+        print(json.dumps(contention()))
+        return
     if args._child:
         with tempfile.TemporaryDirectory() as tmp:
             print("RESULT " + json.dumps(run_one(args._child, args, Path(tmp))))
