@@ -51,6 +51,17 @@ class PlacementConfig(Section):
         "weights or shards (a tensor larger than a bucket travels alone). With LoRA only the "
         "adapters travel.",
     )
+    reference_on: Literal["auto", "policy", "data"] = Field(
+        "auto",
+        description="Where the frozen KL reference scores each batch (read only when the run has "
+        "one: `rl.kl_beta > 0`). `policy`: inside the update, on every policy rank. `data`: a "
+        "reference role on the data side scores the collected batch before the update (its own "
+        "Ray actor, or in-process under `local`), in the update's own micro-batches, so under "
+        "`rl.off_policy_lag` it runs while the policy trains. Memory: without LoRA the frozen copy "
+        "moves from every policy rank to the reference role; with LoRA the policy's reference is "
+        "free (adapters off) and `data` loads one more float32 copy of the base. `auto`: `data` "
+        "when `rl.off_policy_lag >= 1` (Ray), else `policy`.",
+    )
     cpus_per_role: float = Field(
         1.0,
         gt=0,

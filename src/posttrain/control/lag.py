@@ -1,10 +1,12 @@
-"""Preflight for ``rl.off_policy_lag``: where a lagged rollout can run, and its correction."""
+"""Preflight for ``rl.off_policy_lag``: where a lagged rollout can run, its correction, and
+where the reference scores (``placement.reference_on``)."""
 
 from __future__ import annotations
 
+from posttrain.config.build import needs_reference
 from posttrain.config.schema import PosttrainConfig
 from posttrain.control.reads import reads_or_none
-from posttrain.control.rules import error, warning
+from posttrain.control.rules import error, reset_hint, warning
 
 
 @error("rl.off_policy_lag", "placement.backend")
@@ -36,4 +38,17 @@ def lag_without_is_correction(cfg: PosttrainConfig) -> str | None:
     )
 
 
-RULES = (lag_needs_ray, lag_without_is_correction)
+@error("placement.reference_on", "rl.kl_beta")
+def reference_on_without_a_reference(cfg: PosttrainConfig) -> str | None:
+    """Where the reference scores means nothing when the run builds none."""
+    pc = cfg.placement
+    if pc.is_default("reference_on") or needs_reference(cfg):
+        return None
+    return (
+        f"placement.reference_on={pc.reference_on} is never read: the run has no frozen "
+        "reference (rl.kl_beta=0, or its objective reads no rl.kl_beta); "
+        f"{reset_hint(pc, 'reference_on')} or set rl.kl_beta > 0"
+    )
+
+
+RULES = (lag_needs_ray, lag_without_is_correction, reference_on_without_a_reference)

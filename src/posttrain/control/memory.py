@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.config import PosttrainConfig
+from posttrain.placement.reference import reference_on_data
 
 MB = 1e6
 #: The process before the model loads (Python, torch, transformers, posttrain), CPU, measured.
@@ -145,7 +146,10 @@ def estimate(
         Part("policy", "weight file mapped while loading", 4 * params, "load"),
     ]
     parts += _activations(cfg, shape, prompt_tokens)
-    if rl.kl_beta > 0 and not m.lora_rank:
+    if rl.kl_beta > 0 and reference_on_data(cfg):  # a role of its own: LoRA's base loads too
+        dtype = "float32" if m.lora_rank else m.dtype
+        parts.append(Part("reference", "weights (data side)", _DTYPE_BYTES[dtype] * params))
+    elif rl.kl_beta > 0 and not m.lora_rank:
         parts.append(Part("reference", "weights", _DTYPE_BYTES[m.dtype] * params))
     rollout_dtype = (
         ro.dtype if ro.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")

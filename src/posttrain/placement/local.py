@@ -20,6 +20,7 @@ from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.config.build import needs_reference
 from posttrain.placement.deadline import Deadlines
 from posttrain.placement.device import resolve_device, rollout_dtype
+from posttrain.placement.reference import reference_on_data
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
 from posttrain.placement.weight_sync import wire_bytes
@@ -80,7 +81,8 @@ def place_local(
     # float32 samples with the policy module itself; another dtype needs the engine's own copy.
     shared = policy.model if dtype == "float32" else None
     rollout = RolloutRole(cfg, model=shared, device=str(device))
-    ref = "" if not needs_reference(cfg) else f", reference on {device} ({cfg.model.dtype})"
+    inside = needs_reference(cfg) and not reference_on_data(cfg)  # else a declared role
+    ref = f", reference on {device} ({cfg.model.dtype})" if inside else ""
     others = "".join(f", {s.name} on {s.device(str(device)) or 'cpu'}" for s in specs)
     log.info(
         "placement: policy on %s (float32 master, %s compute)%s%s, rollout on %s (%s%s); "

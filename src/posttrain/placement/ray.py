@@ -2,7 +2,8 @@
 
 Actors: ``placement.policy_ranks`` policy ranks (one ``torch.distributed`` group, gloo on CPU,
 nccl on GPU), one rollout actor with its own copy of the weights, one reward actor, and one actor
-per declared role (``placement/specs.py``: the OPD teacher), built from its spec. Every actor
+per declared role (``placement/specs.py``: the OPD teacher, the data-side reference of
+``placement/reference.py``), built from its spec. Every actor
 rebuilds the config from ``config_path`` + the override list; the driver checks that each one
 resolved exactly the driver's config. The objective builder travels by reference (module and
 name), so it must be a module-level function or a ``functools.partial`` of one.

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posttrain.algorithm.primitives.objective import DataSideReference
 from posttrain.config import PosttrainConfig, to_dict
 from posttrain.config.build import needs_reference, objective_context
 from posttrain.data.tasks import TaskItem
@@ -26,6 +27,7 @@ from posttrain.model.loading import load_policy
 from posttrain.model.lora import AdapterFreeReference, apply_lora
 from posttrain.model.protocol import model_capabilities, require_trainable
 from posttrain.placement.device import rollout_dtype
+from posttrain.placement.reference import reference_on_data
 from posttrain.placement.weight_sync import (
     WeightSink,
     WeightSource,
@@ -65,6 +67,8 @@ class PolicyRole:
         m = cfg.model
         reference, auxiliary = None, ()
         reads_kl = needs_reference(cfg)  # the objective's declaration reads rl.kl_beta > 0
+        if reads_kl and reference_on_data(cfg):  # scored before the update (placement/reference)
+            reads_kl, reference = False, DataSideReference()
         if m.lora_rank:
             self.model = apply_lora(
                 self.model, m.lora_rank, m.lora_alpha, m.lora_target_modules, cfg.job.seed

@@ -29,6 +29,7 @@ from posttrain.control.input_checks import check_inputs
 from posttrain.data.tasks import TaskItem, TaskSource
 from posttrain.model.loading import load_tokenizer
 from posttrain.model.tiny import ensure_tiny_model
+from posttrain.placement.reference import REFERENCE, reference_on_data
 from posttrain.placement.specs import RoleSpec, annotate
 from posttrain.reward.dynamic_sampling import sample_step
 from posttrain.reward.stage import ENV_REWARD_COLUMN
@@ -105,7 +106,10 @@ def check_model_source(config: PosttrainConfig) -> None:
 
 
 def _place(config, config_path: str, opts, build_objective_fn, run_dir: Path, specs):
-    """Both placements build the declared roles from the same specs."""
+    """Both placements build the declared roles from the same specs (and the reference's,
+    when it scores on the data side: ``placement/reference.py``)."""
+    if reference_on_data(config):
+        specs = (*specs, REFERENCE)
     if config.placement.backend == "ray":
         from posttrain.placement.ray import place_ray
 

@@ -3,7 +3,9 @@
 With lag ``k`` the batch trained at step ``s`` is sampled with the weights after step
 :func:`sampled_with` ``(s, k) = max(s - 1 - k, 0)`` (0: the initial weights). Step ``s`` runs::
 
-    submit collect(s + k)      [data side, one background thread: rollout, reward, declared roles]
+    submit collect(s + k)      [data side, one background thread: rollout, declared roles
+                                (the OPD teacher, the KL reference: placement/reference.py),
+                                reward]
     train(batch s)             [policy ranks, meanwhile]
     wait for collect(s + k)    -> in flight: batches s+1 .. s+k
     sync weights after step s  -> the rollout samples batch s+1+k with them at step s+1

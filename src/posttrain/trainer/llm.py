@@ -37,10 +37,33 @@ from posttrain.data.prefix import (
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.placement import heap
 from posttrain.trainer import distributed as dp
-from posttrain.trainer.accumulate import group_chunks, group_order, token_chunks
+from posttrain.trainer.accumulate import group_chunks, group_order, row_chunks, token_chunks
 from posttrain.trainer.core import Trainer
 from posttrain.trainer.errors import NondeterministicForwardError, PiOldNotCapturedError
 from posttrain.trainer.sharding import ghost_rows, lockstep_ghosts
+
+
+def update_micro_slices(
+    batch: TrajectoryBatch,
+    micro_batch_size: int,
+    micro_batch_tokens: int | None,
+    shared_prefix: str,
+    keeps_groups: bool,
+) -> list[slice] | list[list[int]]:
+    """The rows of each micro-batch of an update of ``batch`` (:meth:`LLMTrainer.micro_slices`;
+    a reference scoring on the data side cuts the collected batch the same way)."""
+    if micro_batch_tokens is not None:
+        prompt, response = row_lengths(batch)
+        groups = None if shared_prefix == "off" else batch.group_ids.tolist()
+        return token_chunks(prompt, response, micro_batch_tokens, groups)
+    if not keeps_groups:
+        return row_chunks(len(batch), micro_batch_size)
+    ids = batch.group_ids.tolist()
+    order = group_order(ids)
+    chunks = group_chunks([ids[i] for i in order], micro_batch_size)
+    if order == sorted(order):
+        return chunks
+    return [order[c] for c in chunks]
 
 
 class LLMTrainer(Trainer):
@@ -105,18 +128,10 @@ class LLMTrainer(Trainer):
         micro-batch where :attr:`keeps_groups`: a group's rows are brought together (a
         permutation within one optimizer step) and groups packed into micro-batches
         (``group_chunks``)."""
-        if self.micro_batch_tokens is not None:
-            prompt, response = row_lengths(batch)
-            groups = None if self.shared_prefix == "off" else batch.group_ids.tolist()
-            return token_chunks(prompt, response, self.micro_batch_tokens, groups)
-        if not self.keeps_groups:
-            return super().micro_slices(batch)
-        ids = batch.group_ids.tolist()
-        order = group_order(ids)
-        chunks = group_chunks([ids[i] for i in order], self.micro_batch_size)
-        if order == sorted(order):
-            return chunks
-        return [order[c] for c in chunks]
+        return update_micro_slices(
+            batch, self.micro_batch_size, self.micro_batch_tokens, self.shared_prefix,
+            self.keeps_groups,
+        )  # fmt: skip
 
     @property
     def old_logp_cache(self):

@@ -140,19 +140,40 @@ def combine(reduce: MetricReduce, values: Sequence[float], weights: Sequence[flo
     return float(sum(v * w for v, w in zip(values, weights, strict=True)) / total)
 
 
+#: The batch column holding the reference's per-token log-probs when it scores on the data side.
+REFERENCE_COLUMN = "reference_logprobs"
+
+
+class DataSideReference:
+    """Stands in for ``context.reference_model`` when the reference runs on the data side
+    (``placement.reference_on``): the collected batch arrives with its log-probs in the
+    :data:`REFERENCE_COLUMN` column, computed in this update's own micro-batches, and a
+    :class:`ReferenceScorer` reads them there instead of running a forward."""
+
+
 class ReferenceScorer:
     """Per-token logprobs under a frozen reference network.
 
     The entry builds the network and hands the same module to the trainer as an auxiliary
-    model, which owns its device and eval mode; the scorer only reads it.
+    model, which owns its device and eval mode; the scorer only reads it. Given a
+    :class:`DataSideReference`, it reads the batch's :data:`REFERENCE_COLUMN` instead.
     """
 
-    def __init__(self, module: nn.Module, temperature: float = 1.0) -> None:
+    def __init__(self, module: nn.Module | DataSideReference, temperature: float = 1.0) -> None:
         self.module = module
         self.temperature = temperature
 
     @torch.no_grad()
     def __call__(self, batch: TrajectoryBatch) -> Tensor:
+        if isinstance(self.module, DataSideReference):
+            scored = batch.columns.get(REFERENCE_COLUMN)
+            if scored is None:
+                raise ObjectiveContractError(
+                    f"the reference scores on the data side but the batch has no "
+                    f"{REFERENCE_COLUMN!r} column; the reference role must annotate it before "
+                    "the update (placement.reference_on)"
+                )
+            return scored
         device = next(self.module.parameters()).device
         return response_logprobs(self.module, batch.to(device), self.temperature).to(
             batch.input_ids.device
