@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ray = pytest.importorskip("ray")
+pytest.importorskip("ray")
 
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
@@ -25,7 +25,7 @@ def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float
     return float(sum(c.isdigit() for c in completion))
 
 
-def test_a_sharded_run_ends_with_its_final_shards_as_a_hugging_face_folder(tmp_path):
+def test_a_sharded_run_ends_with_its_final_shards_as_a_hugging_face_folder(ray_cluster, tmp_path):
     tiny = build_tiny_model("tiny", tmp_path / "tiny", seed=0)
     opts = {
         "job.output_root": str(tmp_path / "out"), "model.name_or_path": str(tiny),
@@ -37,13 +37,8 @@ def test_a_sharded_run_ends_with_its_final_shards_as_a_hugging_face_folder(tmp_p
         "placement.policy_sharding": "fsdp",
     }  # fmt: skip
     args = [f"{k}={v}" for k, v in opts.items()]
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        config = load_config("arithmetic", ["--", *args])
-        summary = grpo.run(config, "arithmetic", args, grpo.default_out_dir(config),
-                           build_objective)  # fmt: skip
-    finally:
-        ray.shutdown()
+    config = load_config("arithmetic", ["--", *args])
+    summary = grpo.run(config, "arithmetic", args, grpo.default_out_dir(config), build_objective)
     run_dir = Path(summary["run_dir"])
     assert summary["final_model"] == str(run_dir / FINAL_DIR)
     ckpt = run_dir / "checkpoints" / "step_00000002"

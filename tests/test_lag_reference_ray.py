@@ -2,7 +2,7 @@
 each batch in the pipeline's data thread, and the run is the policy-side run bit for bit; the
 batches in flight carry its log-probs through a checkpoint (a resumed run continues exactly).
 
-One cluster, three tiny runs of a few steps each (tests/test_lag_reference.py has the rest)."""
+The session's Ray instance (tests/conftest.py), three tiny runs of a few steps each (tests/test_lag_reference.py has the rest)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ray = pytest.importorskip("ray")
+pytest.importorskip("ray")
 
 from safetensors.torch import load_file  # noqa: E402
 
@@ -27,13 +27,6 @@ STEPS = 4
 def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
     """Varies across an untrained model's samples, so the updates move the weights."""
     return float(sum(c.isdigit() for c in completion))
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +60,7 @@ def numbers(run: Path) -> tuple[list[dict], dict]:
 
 
 def test_the_data_side_reference_is_the_policy_sides_bit_for_bit_and_resumes(
-    cluster, tiny_dir, tmp_path
+    ray_cluster, tiny_dir, tmp_path
 ):
     data = train(tmp_path / "data", tiny_dir, "auto")  # auto: data side under a lag
     rows_d, weights_d = numbers(data)
