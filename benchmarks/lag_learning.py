@@ -103,6 +103,8 @@ def report(results: list[RunResult], target: float, max_ratio: float) -> list[st
                      f"{r.eval_every:>5} {step:>9} {ratio:>6} {final:>6} {r.last_step:>6} "
                      f"{r.train_s:>8.0f}  {r.run_dir}")  # fmt: skip
     within = [v is not None and v <= max_ratio for v in rat.values()]
+    if not within:
+        return [*lines, "no lagged run among these: nothing to compare (pass k>0 runs too)"]
     lines.append(f"lagged runs reaching {target} within {max_ratio}x the steps of k=0: "
                  f"{sum(within)} of {len(within)}"
                  + ("" if within and all(within) else " (target missed)"))  # fmt: skip

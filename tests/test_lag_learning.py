@@ -96,3 +96,9 @@ def test_two_runs_of_one_seed_and_lag_are_refused(tmp_path):
     b = fake_run(tmp_path, "b", 3, 1, {200: 0.9})
     with pytest.raises(SystemExit, match=r"lag_learning: .*/a and .*/b are both grpo seed 3 k=1"):
         lag_learning.main([a, b])
+
+
+def test_without_a_lagged_run_the_verdict_says_so(tmp_path):
+    lines = lag_learning.report([lag_learning.read_run(fake_run(tmp_path, "k0", 0, 0, {4: 0.9}),
+                                                       0.9)], 0.9, 1.25)  # fmt: skip
+    assert lines[-1] == "no lagged run among these: nothing to compare (pass k>0 runs too)"
