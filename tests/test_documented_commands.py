@@ -57,6 +57,12 @@ SKIPPED = {
     "posttrain plot outputs/grpo/base": "placeholder run names (base, clip_higher)",
     "posttrain model export outputs/grpo/a/": "placeholder run name (a); "
     "tests/test_export_final.py exports checkpoints and loads them with from_pretrained",
+    "posttrain grpo --config arithmetic_clipped -- job.name=lag_s": "async.md's learning "
+    "check: six 3,000-step runs, three on Ray (an hour of CPU); tests/test_lag_learning.py "
+    "covers the table's logic",
+    "posttrain opd --config opd_arithmetic -- job.name=lag_opd": "the learning check's OPD "
+    "runs: their teacher is lag_s0_k0's final checkpoint (3,000 steps)",
+    "python benchmarks/lag_learning.py outputs/grpo/lag_": "reads the learning check's runs above",
 }
 #: Command prefix -> (why it cannot run here as written, what runs in its place so that the
 #: commands after it have their inputs).

@@ -1,0 +1,104 @@
+"""benchmarks/lag_learning.py on fabricated run directories: first step at the target, the
+k / k=0 ratio per (algorithm, seed), the verdict, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from posttrain.config import PosttrainConfig
+from posttrain.config.serialize import to_yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import lag_learning  # noqa: E402
+
+
+def fake_run(root: Path, name: str, seed: int, lag: int, accs: dict[int, float],
+             algorithm: str = "grpo", steps: int = 0) -> str:  # fmt: skip
+    """A run directory: config.yaml with these keys, val/accuracy at the steps of ``accs``, and
+    one training record (time/step_s = 0.5) per step 1..``steps``."""
+    cfg = PosttrainConfig()
+    cfg.job.algorithm, cfg.job.seed, cfg.rl.off_policy_lag = algorithm, seed, lag
+    cfg.placement.backend = "ray" if lag else "local"
+    cfg.rl.eval_every = 100
+    run = root / name
+    run.mkdir()
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    rows = {s: {"step": s, "time/step_s": 0.5} for s in range(1, steps + 1)}
+    for s, acc in accs.items():
+        rows.setdefault(s, {"step": s})["val/accuracy"] = acc
+    text = "".join(json.dumps(rows[s]) + "\n" for s in sorted(rows))
+    (run / "metrics.jsonl").write_text(text)
+    return str(run)
+
+
+def test_first_step_final_accuracy_and_step_time(tmp_path):
+    run = fake_run(tmp_path, "a", 0, 0, {0: 0.0, 100: 0.85, 200: 0.9, 300: 0.95, 400: 0.8},
+                   steps=400)  # fmt: skip
+    r = lag_learning.read_run(run, 0.9)
+    assert (r.first_step, r.final_accuracy, r.last_step) == (200, 0.8, 400)
+    assert r.train_s == 200.0 and (r.seed, r.lag, r.backend, r.eval_every) == (0, 0, "local", 100)
+    assert lag_learning.read_run(run, 0.96).first_step is None
+
+
+def test_ratio_pairs_each_lagged_run_with_its_own_seed(tmp_path):
+    runs = [
+        fake_run(tmp_path, "s0k0", 0, 0, {100: 0.5, 400: 0.9}),
+        fake_run(tmp_path, "s0k1", 0, 1, {100: 0.5, 500: 0.95}),  # 500 / 400
+        fake_run(tmp_path, "s1k0", 1, 0, {200: 0.9}),
+        fake_run(tmp_path, "s1k1", 1, 1, {100: 0.9}),  # faster: 100 / 200
+        fake_run(tmp_path, "opd0", 0, 0, {25: 0.9}, algorithm="opd"),  # same seed, other algorithm
+        fake_run(tmp_path, "opd1", 0, 1, {50: 0.9}, algorithm="opd"),
+    ]
+    got = {(r.algorithm, r.seed): v for r, v in
+           lag_learning.ratios([lag_learning.read_run(d, 0.9) for d in runs]).items()}  # fmt: skip
+    assert got == {("grpo", 0): 1.25, ("grpo", 1): 0.5, ("opd", 0): 2.0}
+
+
+def test_verdict_counts_runs_within_the_ratio_and_flags_a_miss(tmp_path):
+    runs = [
+        fake_run(tmp_path, "s0k0", 0, 0, {400: 0.9}),
+        fake_run(tmp_path, "s0k1", 0, 1, {500: 0.9}),  # 1.25: within (the bound is inclusive)
+        fake_run(tmp_path, "s1k0", 1, 0, {400: 0.9}),
+        fake_run(tmp_path, "s1k1", 1, 1, {600: 0.9}),  # 1.5: outside
+        fake_run(tmp_path, "s2k0", 2, 0, {400: 0.9}),
+        fake_run(tmp_path, "s2k1", 2, 1, {400: 0.85}),  # never reached: no ratio
+    ]
+    lines = lag_learning.report([lag_learning.read_run(d, 0.9) for d in runs], 0.9, 1.25)
+    assert lines[-1] == ("lagged runs reaching 0.9 within 1.25x the steps of k=0: 1 of 3 "
+                         "(target missed)")  # fmt: skip
+    by_run = {line.split()[-1]: line.split() for line in lines[1:-1]}
+    assert by_run[runs[1]][5:7] == ["500", "1.25"]
+    assert by_run[runs[3]][5:7] == ["600", "1.50"]
+    assert by_run[runs[5]][5:7] == ["never", "-"]
+    assert [line.split()[-1] for line in lines[1:-1]] == runs  # k=0 first, then its twin
+
+
+def test_all_within_has_no_miss_note(tmp_path, capsys):
+    runs = [fake_run(tmp_path, "k0", 0, 0, {400: 0.9}), fake_run(tmp_path, "k1", 0, 1, {300: 0.9})]
+    assert lag_learning.main(runs) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("k=0: 1 of 1")
+
+
+def test_not_a_run_directory_is_one_line(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        lag_learning.main([str(tmp_path)])
+    assert str(e.value) == (f"lag_learning: {tmp_path} has no config.yaml; pass run "
+                            "directories (outputs/<algorithm>/<job.name>)")  # fmt: skip
+
+
+def test_two_runs_of_one_seed_and_lag_are_refused(tmp_path):
+    a = fake_run(tmp_path, "a", 3, 1, {100: 0.9})
+    b = fake_run(tmp_path, "b", 3, 1, {200: 0.9})
+    with pytest.raises(SystemExit, match=r"lag_learning: .*/a and .*/b are both grpo seed 3 k=1"):
+        lag_learning.main([a, b])
+
+
+def test_without_a_lagged_run_the_verdict_says_so(tmp_path):
+    lines = lag_learning.report([lag_learning.read_run(fake_run(tmp_path, "k0", 0, 0, {4: 0.9}),
+                                                       0.9)], 0.9, 1.25)  # fmt: skip
+    assert lines[-1] == "no lagged run among these: nothing to compare (pass k>0 runs too)"
