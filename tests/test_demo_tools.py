@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_digit_match_by_position() -> None:
     assert digit_match("", "579", "579", {}) == 0.0  # exact: the verifier pays
+    assert digit_match("", " 579", "579", {}) == 0.0  # the right-aligned copy is exact too
     assert digit_match("", "578", "579", {}) == pytest.approx(0.1 + 0.2 * 2 / 3)
     assert digit_match("", "5790", "579", {}) == pytest.approx(0.1 + 0.2 * 3 / 4)
     assert digit_match("", "1", "1024", {}) == pytest.approx(0.1 + 0.2 / 4)

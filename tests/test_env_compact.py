@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from posttrain.env import EnvironmentSpecError, check_environment, load_environment
+from posttrain.env import EnvironmentSpecError, arithmetic, check_environment, load_environment
 from posttrain.env.arithmetic import ArithmeticToolEnv, call_body, copy_credit
 from posttrain.env.tools import (
     CALCULATOR,
@@ -112,25 +112,39 @@ def test_copy_credit_by_position() -> None:
 def test_arithmetic_env_pays_the_first_call_only() -> None:
     env = ArithmeticToolEnv()
     assert env.tools == []  # not announced: the model finds the tool by reward
-    assert env.reset({"prompt": "123+456=", "answer": "579"}) == [
-        {"role": "user", "content": "123+456="}
-    ]
-    first = env.step(assistant("<tool_call>123+45</tool_call>"))
-    assert first.reward == pytest.approx(0.1 + 0.4 * 6 / 7)
-    assert first.messages == [{"role": "tool", "name": "calculator", "content": "168"}]
-    again = env.step(assistant("<tool_call>123+456</tool_call>"))
-    assert again.reward is None and again.messages[0]["content"] == "579"
-    env.reset({"prompt": "1+2=", "answer": "3"})
-    unclosed = env.step(assistant("<tool_call>1+"))
-    assert unclosed.reward == pytest.approx(0.05 + 0.4 * 2 / 3)  # no credit for closing
-    env.reset({"prompt": "1+2=", "answer": "3"})
-    final = env.step(assistant("3"))
+    item = {"prompt": "123+456=", "answer": "579", "a": 123, "b": 456}
+    assert env.reset(item) == [{"role": "user", "content": "123+456="}]
+    first = env.step(assistant("<tool_call>A+A</tool_call>"))  # 246: wrong, 2 of 3 characters
+    credits = (arithmetic.OPEN_CREDIT, arithmetic.CLOSE_CREDIT, arithmetic.COPY_CREDIT)
+    assert (*credits, arithmetic.RIGHT_CREDIT) == (0.2, 0.1, 0.3, 0.7)
+    assert first.reward == pytest.approx(0.3 + 0.3 * 2 / 3)
+    assert first.messages == [{"role": "tool", "name": "calculator", "content": " 246"}]
+    again = env.step(assistant("<tool_call>A+U</tool_call>"))
+    assert again.reward is None and again.messages[0]["content"] == " 579"  # right-aligned
+    env.reset(item)
+    assert env.step(assistant("<tool_call>A+U</tool_call>")).reward == pytest.approx(1.0)
+    env.reset(item)
+    assert env.step(assistant("<tool_call>U+123</tool_call>")).reward == pytest.approx(1.0)
+    env.reset(item)  # a failed call still earns its share of A+U's characters
+    assert env.step(assistant("<tool_call>A+</tool_call>")).reward == pytest.approx(0.5)
+    env.reset({"prompt": "999+999=", "answer": "1998", "a": 999, "b": 999})
+    wide = env.step(assistant("<tool_call>A+U</tool_call>"))
+    assert wide.messages[0]["content"] == "1998" and wide.reward == pytest.approx(1.0)
+    env.reset(item)
+    unclosed = env.step(assistant("<tool_call>A+"))
+    assert unclosed.reward == pytest.approx(0.2 + 0.3 * 2 / 3)  # no credit for closing
+    env.reset(item)
+    assert env.step(assistant("<tool_call></tool_call>")).reward == 0.0  # an empty call
+    env.reset(item)
+    final = env.step(assistant("579"))
     assert final.done and final.reward is None
 
 
 def test_arithmetic_env_answers_a_failed_call_with_error_alone() -> None:
     env = ArithmeticToolEnv()
-    env.reset({"prompt": "1+2=", "answer": "3"})
-    step = env.step(assistant("<tool_call>1+</tool_call>"))
+    env.reset({"prompt": "1+2=", "answer": "3", "a": 1, "b": 2})
+    step = env.step(assistant("<tool_call>A+</tool_call>"))
     assert step.messages == [{"role": "tool", "name": "calculator", "content": "error"}]
     assert step.info["tool_errors"] == 1
+    env.reset({"prompt": "1+2=", "answer": "3", "a": 1, "b": 2})
+    assert env.step(assistant("<tool_call>x+U</tool_call>")).messages[0]["content"] == "error"

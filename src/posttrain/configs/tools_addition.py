@@ -2,12 +2,15 @@
 
 A 135k-parameter Llama (preset ``arith_tools``: the arithmetic alphabet, the roles of the tools
 chat template and the tool-call markers as single tokens) starts from random weights. Adding two
-numbers of up to three digits is out of its reach in the step budget; with the calculator it is
-a copy task: copy the expression into ``<tool_call>...</tool_call>`` (the compact call form),
-then copy the tool's answer. Nothing tells the model about the tool; it is found by reward alone:
+three-digit numbers is out of its reach in the step budget; with the calculator it is a copy
+task. The environment (``posttrain.env.arithmetic``) binds the operands to the names ``A`` and
+``U``, so the right call is the same for every problem, ``<tool_call>A+U</tool_call>`` (the
+compact call form), and what is left is copying the tool's result (right-aligned to four
+characters) into the answer. Nothing tells the model about the tool; it is found by reward
+alone:
 
-- the environment (``posttrain.env.arithmetic``) pays up to 0.5 for the first call (opening it,
-  closing it, copying the expression): a term of the score next to the verifier's
+- the environment pays up to 1.0 for the first call (opening it, closing it, a right result, or
+  part of ``A+U``'s characters for a wrong one): a term of the score next to the verifier's
   (``train/reward_env_mean``);
 - ``digit_match`` pays a little for a final answer whose digits are partly right, the exact
   verifier 1 for a right one;
@@ -33,22 +36,22 @@ def build_config() -> PosttrainConfig:
     cfg.model.init_preset = "arith_tools"
 
     cfg.data.digits = 3
-    cfg.data.exact_digits = True  # 100..999: the call copies from a fixed offset
+    cfg.data.exact_digits = True  # 100..999: sums of 3 or 4 digits, right-aligned to 4
     cfg.data.operators = "+"
     cfg.data.train_size = 20000
     cfg.data.val_size = 100
     cfg.data.prompts_per_step = 8
     cfg.rollout.n = 16
-    # a compact call is 10 tokens with its stop token (<tool_call>123+456</tool_call><eos>); a
-    # little more leaves room to explore without being cut
-    cfg.rollout.max_tokens = 14
+    # the call is 6 tokens with its stop token (<tool_call>A+U</tool_call><eos>), the answer 5
+    # (" 579" or "1035", then <eos>); a little more leaves room to explore without being cut
+    cfg.rollout.max_tokens = 8
     cfg.reward.functions = ["posttrain.reward.shaping:digit_match"]
 
     cfg.env.name = ENVIRONMENT
     cfg.env.max_turns = 2
     cfg.env.max_context = 80
 
-    cfg.rl.max_steps = 800
+    cfg.rl.max_steps = 1000
     cfg.rl.eval_every = 100
-    cfg.rl.save_every = 800
+    cfg.rl.save_every = 1000
     return cfg

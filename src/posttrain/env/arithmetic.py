@@ -1,17 +1,27 @@
-"""The calculator environment of ``make demo-tools``: compact calls, with a shaped call reward.
+"""The calculator environment of ``make demo-tools``: named operands, a fixed call to learn.
 
-A tiny model trained from random weights has to find the tool before it can use it, and a right
-call (``<tool_call>123+456</tool_call>``, the expression copied from the prompt) is a needle in
-a haystack. So the environment's reward (a term of the trajectory's score, next to the verifier
-and ``reward.functions``) pays partial credit for the first turn that opens with a call: ``OPEN_CREDIT``
-for a call with a body (an empty call earns nothing: it was the policy's first local
-optimum), ``CLOSE_CREDIT`` more for closing it, plus ``COPY_CREDIT`` times the share of
-the expression's characters its body gets right, position by position (a body longer than the
-expression counts its extra characters as wrong). A call that copies the expression exactly
-earns 0.5; the right final answer earns the verifier's 1 on top. The model is never told about the tool (no system turn): a prompt is
-the problem, ``123+456=``, and the tool is found by reward alone. A failed call is answered
-``error`` alone (a tiny model cannot read the message, and it would lengthen every trajectory
-it explores); the count of errors stays in the metrics.
+A tiny model trained from random weights cannot find a call that copies a 7-character
+expression from the prompt (the first demo measured that: it learned a constant call and a
+constant answer). So this environment **binds the problem's operands to names**: in the
+calculator's expressions ``A`` is the first operand and ``U`` the second (the only letters of
+the ``arith_tools`` alphabet), substituted through the AST by
+:func:`posttrain.env.calculator.bind_names` before the calculator evaluates the call (still no
+``eval``). The right call is then the same string for every problem, ``<tool_call>A+U</tool_call>``,
+and what is left to learn is the copy: the tool's result into the answer. The result comes back
+right-aligned to ``RESULT_WIDTH`` characters (``<tool_response> 579</tool_response>``), so each
+answer character copies the response's character at a fixed distance (the exact verifier and
+``digit_match`` strip the space).
+
+The environment's reward (a term of the trajectory's score, next to the verifier and
+``reward.functions``) pays partial credit for the first turn that opens with a call:
+``OPEN_CREDIT`` for a call with a body (an empty call earns nothing), ``CLOSE_CREDIT`` more for
+closing it, plus ``RIGHT_CREDIT`` for a call whose result is the problem's answer (any
+expression: ``U+A`` counts) or, for any other, ``COPY_CREDIT`` times the share of
+``RIGHT_CALL``'s characters the body gets right, position by position (a failed ``A+`` is the
+step on the way to ``A+U``). A right call earns 1.0; the right final answer earns the
+verifier's 1 on top. The model is never told about the tool or the names (no system turn; a
+prompt is the problem, ``123+456=``); it finds both by reward alone. A failed call is answered
+``error`` alone.
 """
 
 from __future__ import annotations
@@ -19,11 +29,19 @@ from __future__ import annotations
 from typing import Any
 
 from posttrain.env.base import EnvStep, Message
+from posttrain.env.calculator import bind_names
 from posttrain.env.runner import Outcome
-from posttrain.env.tools import CALCULATOR, CALL_CLOSE, CALL_OPEN, ToolsEnv
+from posttrain.env.tools import CALCULATOR, CALL_CLOSE, CALL_OPEN, ToolCall, ToolsEnv
 
-#: The environment's reward for opening a call, for closing it, and for an exact copy.
-OPEN_CREDIT, CLOSE_CREDIT, COPY_CREDIT = 0.05, 0.05, 0.4
+#: The environment's reward for opening a call, for closing it, for each share of
+#: ``RIGHT_CALL``'s characters in a wrong one, and for a right call.
+OPEN_CREDIT, CLOSE_CREDIT, COPY_CREDIT, RIGHT_CREDIT = 0.2, 0.1, 0.3, 0.7
+#: The names of the first and second operand in a call's expression.
+FIRST, SECOND = "A", "U"
+#: The call that is right for every problem.
+RIGHT_CALL = f"{FIRST}+{SECOND}"
+#: Width the calculator's result is right-aligned to (a sum of two three-digit numbers fits).
+RESULT_WIDTH = 4
 
 
 def call_body(text: str) -> tuple[str, bool] | None:
@@ -45,11 +63,12 @@ def copy_credit(body: str, expression: str) -> float:
 
 
 class ArithmeticToolEnv(ToolsEnv):
-    """The compact calculator with no announcement and a reward for the first call's copy."""
+    """The compact calculator with the operands named, no announcement, a shaped first call."""
 
     def __init__(self) -> None:
         super().__init__([CALCULATOR], native_tools=True, call_format="compact")
-        self._expression = ""
+        self._names: dict[str, int] = {}
+        self._answer = ""
         self._called = False
 
     @property
@@ -57,12 +76,21 @@ class ArithmeticToolEnv(ToolsEnv):
         """None for the template: the tiny model is not told (it finds the tool by reward)."""
         return []
 
+    def _run(self, call: ToolCall, index: int) -> Outcome:
+        """The call with the operands' names bound to this problem's values."""
+        if call.error is None and self._argument is not None:
+            body = str(call.arguments.get(self._argument, ""))
+            call = ToolCall(call.name, {self._argument: bind_names(body, self._names)})
+        return super()._run(call, index)
+
     def _response(self, name: str, outcome: Outcome) -> Message:
-        """The tool's result, or ``error`` alone for a failed call."""
-        return {"role": "tool", "name": name, "content": outcome.text if outcome.ok else "error"}
+        """The result right-aligned to ``RESULT_WIDTH``, or ``error`` alone for a failed call."""
+        text = outcome.text.rjust(RESULT_WIDTH) if outcome.ok else "error"
+        return {"role": "tool", "name": name, "content": text}
 
     def reset(self, item: dict[str, Any]) -> list[Message]:
-        self._expression = str(item["prompt"]).removesuffix("=")
+        self._names = {FIRST: int(item["a"]), SECOND: int(item["b"])}
+        self._answer = str(item["answer"]).strip()
         self._called = False
         return [{"role": "user", "content": str(item["prompt"])}]
 
@@ -75,8 +103,10 @@ class ArithmeticToolEnv(ToolsEnv):
         body, closed = call
         if not body:
             return EnvStep(answer.messages, answer.done, 0.0, answer.info)
-        copied = copy_credit(body, self._expression)
-        reward = OPEN_CREDIT + CLOSE_CREDIT * closed + COPY_CREDIT * copied
+        result = str(answer.messages[0].get("content", "")).strip() if answer.messages else ""
+        right = closed and answer.info.get("tool_errors", 1) == 0 and result == self._answer
+        shape = RIGHT_CREDIT if right else COPY_CREDIT * copy_credit(body, RIGHT_CALL)
+        reward = OPEN_CREDIT + CLOSE_CREDIT * closed + shape
         return EnvStep(answer.messages, answer.done, reward, answer.info)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 #: Longest expression accepted (characters); also keeps the parser far from its nesting limit.
 MAX_EXPRESSION_CHARS = 500
@@ -105,6 +105,33 @@ def evaluate(expression: str) -> int | float:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise CalculatorError(f"cannot parse {expression!r} as arithmetic") from None
     return _evaluate(tree)
+
+
+class _Bind(ast.NodeTransformer):
+    def __init__(self, names: Mapping[str, int]) -> None:
+        self.names = names
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in self.names:
+            return ast.copy_location(ast.Constant(int(self.names[node.id])), node)
+        return node
+
+
+def bind_names(expression: str, names: Mapping[str, int]) -> str:
+    """``expression`` with each name in ``names`` replaced by its integer value, through the AST
+    (``A+U`` with ``{"A": 123, "U": 456}`` is ``123 + 456``); never evaluated here.
+
+    An environment uses it to let a call refer to the problem's quantities by name. Other names
+    are left for :func:`evaluate` to refuse, and text that does not parse comes back unchanged (the
+    calculator then says why).
+    """
+    if not isinstance(expression, str) or len(expression) > MAX_EXPRESSION_CHARS:
+        return expression
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return expression
+    return ast.unparse(_Bind(names).visit(tree))
 
 
 def calculator(expression: str) -> str:
