@@ -32,5 +32,5 @@ def test_errors_are_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == (
         "posttrain: error: unknown tiny-model preset 'huge'; choose one of "
-        "['arith', 'small', 'tiny']\n"
+        "['arith', 'arith_tools', 'small', 'tiny']\n"
     )

@@ -17,6 +17,8 @@ EXPECTED_WARNINGS = {
     "gspo_qwen3b_gsm8k": ["model.dtype=bfloat16 at rl.importance_sampling_level=sequence"],
     "smollm2_reasoning_gym": [],
     "smollm2_calculator": [],
+    "tools_addition": [],
+    "tools_addition_notool": [],
     "arithmetic_clipped": [],
     "opd_arithmetic": [],
     "dpo_shapes": [],
