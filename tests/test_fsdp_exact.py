@@ -9,13 +9,10 @@ exercised. The ``small`` preset (25M parameters) runs the same comparison under 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
+import gloo_ranks
 import pytest
 import torch
 
@@ -28,23 +25,7 @@ BOUND = 1e-6
 
 
 def launch(jobs: list[dict], world: int, timeout: float = 300) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(WORKER)]
-    procs = [
-        subprocess.Popen([*cmd, str(r), str(world), port, json.dumps(jobs)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in range(world)
-    ]  # fmt: skip
-    try:
-        logs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        assert p.returncode == 0, f"rank {r} of {world} failed:\n{log[-6000:]}"
+    gloo_ranks.launch(WORKER, jobs, world, timeout)
 
 
 def job(model: Path, out: Path, name: str, sharding: str, **kw) -> dict:

@@ -8,13 +8,9 @@ loading, and after two GRPO steps, must be bit-identical between the two ways.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
+import gloo_ranks
 import pytest
 import torch
 
@@ -26,22 +22,7 @@ WORKER = Path(__file__).parent / "scripts" / "meta_load_worker.py"
 
 
 def launch(jobs: list[dict], world: int = 2, timeout: float = 240) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), port, json.dumps(jobs)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in range(world)
-    ]  # fmt: skip
-    try:
-        logs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        assert p.returncode == 0, f"rank {r} failed:\n{log[-6000:]}"
+    gloo_ranks.launch(WORKER, jobs, world, timeout)
 
 
 @pytest.fixture(scope="module")

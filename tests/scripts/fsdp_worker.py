@@ -9,8 +9,6 @@ parameters and optimizer moments, the reported losses and every rank's shard siz
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -108,14 +106,7 @@ def run_job(job: dict, rank: int, world: int) -> None:
     dist.barrier()
 
 
-def main() -> None:
-    rank, world, port, spec = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    for job in json.loads(spec):
-        run_job(job, rank, world)
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    from gloo_worker import serve
+
+    serve(run_job)
