@@ -72,21 +72,29 @@ def test_turning_the_correction_off_under_a_lag_warns_where_the_loss_reads_it():
 
 @pytest.mark.parametrize(
     "recipe, opts",
-    [("arithmetic", ()), ("opd_arithmetic", ()), ("arithmetic", ("rl.rollout_is_cap=0",))],
+    [
+        ("arithmetic", ()),
+        ("arithmetic", ("rl.rollout_is_cap=0",)),
+        ("opd_arithmetic", ("rl.distillation_mode=direct",)),
+    ],
 )
 def test_a_lag_with_a_loss_that_reads_no_correction_warns_in_one_line(recipe, opts):
     warnings = run_preflight(
         cfg("placement.backend=ray", "rl.off_policy_lag=1", *opts, recipe=recipe)
     )
-    assert warnings == [
+    lag = [w for w in warnings if w.startswith("rl.off_policy_lag=")]
+    assert lag == [
         "rl.off_policy_lag=1 with a loss that applies no behaviour-policy correction (it reads "
-        "no rl.rollout_is_cap): samples from older weights train uncorrected (OPD with a lag of "
-        "1 reached 0.25 held-out where 0.95 without; docs/guides/async.md); with GRPO set "
-        "rl.grpo_surrogate=clipped or cispo, otherwise rl.off_policy_lag=0"
+        "no rl.rollout_is_cap): samples from older weights train uncorrected (see "
+        "docs/guides/async.md); with GRPO set rl.grpo_surrogate=clipped or cispo, with OPD "
+        "rl.distillation_mode=advantage, otherwise rl.off_policy_lag=0"
     ]
     for surrogate in ("clipped", "cispo"):
         extra = (f"rl.grpo_surrogate={surrogate}",)
         assert run_preflight(cfg("placement.backend=ray", "rl.off_policy_lag=1", *extra)) == []
+    # OPD's advantage mode (the default) weights its clipped term like GRPO's.
+    lagged_opd = cfg("placement.backend=ray", "rl.off_policy_lag=1", recipe="opd_arithmetic")
+    assert lagged_opd.rl.rollout_is_cap == 2.0 and run_preflight(lagged_opd) == []
 
 
 def test_dpo_reads_no_lag():

@@ -66,6 +66,34 @@ def test_advantage_mode_is_the_clipped_surrogate_with_teacher_minus_old_advantag
     assert float(metrics["clip_frac_low"]) == 0 and float(metrics["ratio_mean"]) == 1
 
 
+def test_advantage_mode_weights_each_token_by_the_truncated_sampler_ratio():
+    """With ``rl.rollout_is_cap`` (a lag's default 2.0) the on-policy loss is
+    ``-mean_t w_t A_t`` with ``w_t = min(π_old / π_rollout, cap)``, as GRPO's clipped term."""
+    student, teacher = tiny_llama(0, VOCAB), tiny_llama(1, VOCAB)
+    batch = _with_teacher(_batch(), teacher)
+    m = batch.response_mask
+    with torch.no_grad():
+        old = response_logprobs(student, batch)
+    g = torch.Generator().manual_seed(3)
+    rollout = old + torch.randn(old.shape, generator=g, dtype=old.dtype).mul(0.8) * m
+    batch = batch.replace(rollout_logprobs=rollout)
+    obj = make_objective(_rl(rollout_is_cap=2.0), CONTEXT)
+    obj.old_logp_cache.follow_policy(batch)
+    loss, metrics = obj(student, batch)
+    w = torch.exp(old - rollout).clamp(max=2.0)[m]
+    adv = (batch.teacher_logprobs - old)[m]
+    assert (w == 2.0).any() and (w < 1).any()  # both sides of the cap are exercised
+    assert float(loss.detach()) == pytest.approx(float(-(w * adv).mean()), rel=1e-12)
+    assert float(metrics["rollout_is_weight_mean"]) == pytest.approx(float(w.mean()), rel=1e-12)
+    assert float(metrics["rollout_is_weight_max"]) == 2.0
+    plain = make_objective(_rl(), CONTEXT)  # cap 0: no weight
+    plain.old_logp_cache.follow_policy(batch)
+    plain_loss, _ = plain(student, batch)
+    assert float(plain_loss.detach()) == pytest.approx(float(-adv.mean()), rel=1e-12)
+    assert identity_of(_rl(rollout_is_cap=2.0))["rollout_is_cap"] == 2.0
+    assert "rollout_is_cap" not in identity_of(_rl())
+
+
 def test_advantage_mode_reads_pi_old_only_through_its_cache():
     batch = _with_teacher(_batch(), tiny_llama(1, VOCAB))
     obj = make_objective(_rl(), CONTEXT)

@@ -13,7 +13,6 @@ response tokens of the optimizer step, exactly, however the step is split.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from torch import Tensor, nn
@@ -38,10 +37,7 @@ from posttrain.algorithm.primitives.policy_gradient import (
     token_sum_loss,
 )
 from posttrain.algorithm.primitives.reads import Reads, declare_reads
-from posttrain.algorithm.primitives.rollout_correction import (
-    logprob_abs_diff,
-    truncated_is_weights,
-)
+from posttrain.algorithm.primitives.rollout_correction import correct_for_the_sampler
 from posttrain.data.logprobs import response_logprobs_and_entropy
 from posttrain.data.trajectory import TrajectoryBatch
 
@@ -70,7 +66,7 @@ GRPO_METRICS = {
 #: Metrics that are not token/sequence means (everything else is a weighted mean).
 GRPO_REDUCTIONS = {"ratio_min": "min", "ratio_max": "max"}
 #: The GRPO surrogates' own (OPD shares GRPO_REDUCTIONS but reports no importance weight).
-_SURROGATE_REDUCTIONS = {**GRPO_REDUCTIONS, "rollout_is_weight_max": "max"}
+SURROGATE_REDUCTIONS = {**GRPO_REDUCTIONS, "rollout_is_weight_max": "max"}
 
 
 def _require_advantages(batch: TrajectoryBatch) -> Tensor:
@@ -186,7 +182,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
     network the placement also hands to the trainer as an auxiliary model. Each value is
     validated once, by the config section; :func:`reads` declares which ones a surrogate reads.
     """
-    adapter = MetricAdapter(GRPO_METRICS, reductions=_SURROGATE_REDUCTIONS)
+    adapter = MetricAdapter(GRPO_METRICS, reductions=SURROGATE_REDUCTIONS)
     if rl.grpo_surrogate == "legacy_pg":
 
         def legacy(model: nn.Module, batch: TrajectoryBatch):
@@ -239,19 +235,9 @@ def make_objective(rl: Any, context: Any) -> Objective:
         m = batch.response_mask
         old = cache.old_logprobs(batch, logp)
         per_token, metrics = surrogate(logp, old, adv, m)
-        if batch.rollout_logprobs is not None:
-            metrics["rollout_logprob_abs_diff"] = logprob_abs_diff(old, batch.rollout_logprobs, m)
-            if is_cap > 0:
-                w = truncated_is_weights(old, batch.rollout_logprobs, m, is_cap)
-                per_token = per_token * w
-                metrics["rollout_is_weight_mean"] = masked_mean(w, m)
-                metrics["rollout_is_weight_max"] = w.max()
-                cut = (old.detach() - batch.rollout_logprobs) > math.log(is_cap)
-                metrics["rollout_is_truncated_frac"] = masked_mean(cut.to(w.dtype), m)
-        elif is_cap > 0:
-            raise ObjectiveContractError(
-                "rl.rollout_is_cap > 0 needs batch.rollout_logprobs (the sampler's logprobs)"
-            )
+        per_token = correct_for_the_sampler(
+            per_token, old, batch.rollout_logprobs, m, is_cap, metrics
+        )
         if scorer is not None:
             kl = kl_penalty(logp, scorer(batch), m, kl_estimator)
             per_token = per_token + kl_beta * kl

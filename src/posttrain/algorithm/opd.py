@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from posttrain.algorithm.annotators.advantage import ADVANTAGE_KNOBS
-from posttrain.algorithm.grpo import GRPO_METRICS, GRPO_REDUCTIONS
+from posttrain.algorithm.grpo import GRPO_METRICS, SURROGATE_REDUCTIONS
 from posttrain.algorithm.grpo import KNOBS as GRPO_KNOBS
 from posttrain.algorithm.primitives.divergence import topk_divergence
 from posttrain.algorithm.primitives.objective import (
@@ -40,9 +40,14 @@ from posttrain.algorithm.primitives.policy_gradient import (
     token_sum_loss,
 )
 from posttrain.algorithm.primitives.reads import Reads, declare_reads
+from posttrain.algorithm.primitives.rollout_correction import correct_for_the_sampler
 from posttrain.data.logprobs import response_logits, response_logprobs, token_logprobs
 from posttrain.data.trajectory import TrajectoryBatch
 
+_SAMPLER_GAP = (
+    "rollout_logprob_abs_diff", "rollout_is_weight_mean", "rollout_is_weight_max",
+    "rollout_is_truncated_frac",
+)  # fmt: skip
 _PG_DIAGNOSTICS = (
     "clip_frac_low", "clip_frac_high", "dual_clip_frac", "ratio_mean", "ratio_min", "ratio_max",
     "approx_kl",
@@ -57,10 +62,11 @@ OPD_METRICS = {
     "divergence": "opd/divergence",
     "advantage_mean": "opd/advantage_mean",
     **{name: GRPO_METRICS[name] for name in _PG_DIAGNOSTICS},
+    **{name: GRPO_METRICS[name] for name in _SAMPLER_GAP},
 }
 
 
-_CLIP = ("rl.epsilon_low", "rl.epsilon_high", "rl.lower_bound_ratio")
+_CLIP = ("rl.epsilon_low", "rl.epsilon_high", "rl.lower_bound_ratio", "rl.rollout_is_cap")
 _DIRECT = ("rl.divergence", "rl.jsd_beta", "teacher.top_k")
 
 #: Every knob an OPD objective may read.
@@ -105,6 +111,8 @@ def identity_of(rl: Any, teacher_top_k: int | None = None) -> dict[str, Any]:
             epsilon_high=float(rl.epsilon_high),
             lower_bound_ratio=float(rl.lower_bound_ratio),
         )
+        if rl.rollout_is_cap > 0:
+            ident["rollout_is_cap"] = float(rl.rollout_is_cap)
         return ident
     ident["divergence"] = rl.divergence
     if rl.divergence == "jsd":
@@ -142,7 +150,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
     mode, loss_type = rl.distillation_mode, rl.loss_type
     max_len = response_bound(loss_type, context)
     temperature = float(rl.temperature)
-    adapter = MetricAdapter(OPD_METRICS, reductions=GRPO_REDUCTIONS)
+    adapter = MetricAdapter(OPD_METRICS, reductions=SURROGATE_REDUCTIONS)
     identity = identity_of(rl, getattr(context, "teacher_top_k", None))
     if mode == "advantage":
         return _advantage_objective(rl, loss_type, max_len, temperature, adapter, identity)
@@ -152,7 +160,7 @@ def make_objective(rl: Any, context: Any) -> Objective:
 def _advantage_objective(rl, loss_type, max_len, temperature, adapter, identity) -> Objective:
     cache = OldLogpCache(temperature)
     eps_low, eps_high = float(rl.epsilon_low), float(rl.epsilon_high)
-    lbr = float(rl.lower_bound_ratio)
+    lbr, is_cap = float(rl.lower_bound_ratio), float(rl.rollout_is_cap)
 
     def advantage(model: nn.Module, batch: TrajectoryBatch):
         teacher = _teacher_logprobs(batch)
@@ -163,6 +171,10 @@ def _advantage_objective(rl, loss_type, max_len, temperature, adapter, identity)
         adv = torch.where(m, teacher.to(old.dtype) - old, 0).detach()
         per_token, metrics = clipped_policy_gradient_loss(
             logp, old, adv, m, epsilon_low=eps_low, epsilon_high=eps_high, lower_bound_ratio=lbr
+        )
+        # Samples from other weights (a lag, rollout.dtype): the same truncated weight as GRPO's.
+        per_token = correct_for_the_sampler(
+            per_token, old, batch.rollout_logprobs, m, is_cap, metrics
         )
         metrics.update(
             reverse_kl=masked_mean(-adv, m),

@@ -207,7 +207,7 @@ class RLConfig(Section):
         0.0,
         ge=0,
         description="Truncated importance-sampling correction for the sampler-trainer gap "
-        "(`clipped` and `cispo`): each token's policy-gradient term is weighted by "
+        "(`clipped`, `cispo` and OPD's `advantage` mode): each token's policy-gradient term is weighted by "
         "min(π_old / π_rollout, cap). 0 turns it off. Matters when the rollout samples with "
         "other weights than the trainer scores with (`rollout.dtype`, `rl.off_policy_lag`). "
         "Default: 0, or 2.0 when `rl.off_policy_lag >= 1`.",

@@ -9,10 +9,17 @@ Truncated importance sampling reweights each token's policy-gradient term by
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from posttrain.algorithm.primitives._checks import as_bool_mask, check_shape
+from posttrain.algorithm.primitives._checks import (
+    ObjectiveContractError,
+    as_bool_mask,
+    check_shape,
+)
+from posttrain.algorithm.primitives.policy_gradient import masked_mean
 
 
 def truncated_is_weights(
@@ -35,3 +42,32 @@ def logprob_abs_diff(logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -
     m = as_bool_mask(mask, tuple(logprobs.shape))
     diff = torch.where(m, (logprobs.detach() - rollout_logprobs.detach()).abs(), 0.0)
     return diff.sum() / m.sum().clamp(min=1)
+
+
+def correct_for_the_sampler(
+    per_token: Tensor,
+    old_logprobs: Tensor,
+    rollout_logprobs: Tensor | None,
+    mask: Tensor,
+    cap: float,
+    metrics: dict[str, Tensor],
+) -> Tensor:
+    """``per_token`` weighted by :func:`truncated_is_weights` when ``cap > 0`` (unchanged when
+    0), with the gap and weight metrics (``rollout_logprob_abs_diff``, ``rollout_is_weight_mean``,
+    ``_max``, ``rollout_is_truncated_frac``) added to ``metrics``. One rule for every loss whose
+    samples may come from other weights (``rollout.dtype``, ``rl.off_policy_lag``)."""
+    if rollout_logprobs is None:
+        if cap > 0:
+            raise ObjectiveContractError(
+                "rl.rollout_is_cap > 0 needs batch.rollout_logprobs (the sampler's logprobs)"
+            )
+        return per_token
+    metrics["rollout_logprob_abs_diff"] = logprob_abs_diff(old_logprobs, rollout_logprobs, mask)
+    if not cap > 0:
+        return per_token
+    w = truncated_is_weights(old_logprobs, rollout_logprobs, mask, cap)
+    cut = (old_logprobs.detach() - rollout_logprobs) > math.log(cap)
+    metrics["rollout_is_weight_mean"] = masked_mean(w, mask)
+    metrics["rollout_is_weight_max"] = w.max()
+    metrics["rollout_is_truncated_frac"] = masked_mean(cut.to(w.dtype), mask)
+    return per_token * w
