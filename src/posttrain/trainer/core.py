@@ -31,6 +31,7 @@ from posttrain.algorithm.primitives.objective import (
     Reduction,
     combine,
 )
+from posttrain.model.checkpointing import enable_gradient_checkpointing
 from posttrain.trainer import distributed as dp
 from posttrain.trainer import sharding as sh
 from posttrain.trainer.accumulate import (
@@ -150,7 +151,7 @@ class Trainer:
         self.auxiliary_models = tuple(auxiliary_models)
         self._place_auxiliary()
         if gradient_checkpointing:
-            _enable_gradient_checkpointing(model)
+            enable_gradient_checkpointing(model)
         if self.sharded:
             sh.shard_model(self.model, precision)  # every rank starts from rank 0's weights
         else:
@@ -384,19 +385,3 @@ def _module_device(model: nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
-
-
-def _enable_gradient_checkpointing(model: nn.Module) -> None:
-    """Hugging Face activation checkpointing (transformers 5 name first, then the 4.x name)."""
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    elif hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    else:
-        raise ValueError(
-            "gradient_checkpointing=True needs a Hugging Face model (activation_checkpointing_enable "
-            f"or gradient_checkpointing_enable); {type(model).__name__} has neither"
-        )
-    if getattr(model, "config", None) is not None and hasattr(model.config, "use_cache"):
-        model.config.use_cache = False
