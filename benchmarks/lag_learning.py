@@ -3,10 +3,11 @@
     python benchmarks/lag_learning.py RUN_DIR [RUN_DIR ...] [--target 0.9] [--max-ratio 1.25]
 
 Each RUN_DIR is a finished (or running) run directory: its ``config.yaml`` gives the algorithm,
-``job.seed``, ``rl.off_policy_lag`` and placement, its ``metrics.jsonl`` the held-out accuracy
-(``val/accuracy``, greedy) at every evaluation. Runs pair by (algorithm, seed): each lagged run is
-compared with the one ``k = 0`` run of its pair, ``ratio = step(k) / step(0)``. The first step is
-an evaluation step, so it is resolved to ``rl.eval_every``; use the same value on both sides.
+``job.seed``, ``rl.off_policy_lag``, ``rl.lr``, ``rl.max_steps``, OPD's ``rl.distillation_mode``
+and placement, its ``metrics.jsonl`` the held-out accuracy (``val/accuracy``, greedy) at every
+evaluation. Runs pair by (algorithm, mode, seed, learning rate, max steps: the cosine schedule's
+length): each lagged run is compared with the one ``k = 0`` run of its pair, ``ratio = step(k) / step(0)``. The first step is an evaluation step, so it is
+resolved to ``rl.eval_every``; use the same value on both sides.
 ``train_s`` is the sum of ``time/step_s`` (the steps alone: no evaluation, no start-up), which
 depends on the machine's load. docs/guides/async.md ("Learning under a lag") has the measured
 table and the commands that made the runs.
@@ -28,7 +29,10 @@ from posttrain.metrics.sinks import read_metrics
 class RunResult:
     run_dir: str
     algorithm: str
+    mode: str  # OPD's rl.distillation_mode; "-" for other algorithms
     seed: int
+    lr: float
+    max_steps: int
     lag: int
     backend: str
     eval_every: int
@@ -54,7 +58,10 @@ def read_run(run_dir: str | Path, target: float) -> RunResult:
     return RunResult(
         run_dir=str(path),
         algorithm=cfg.job.algorithm,
+        mode=cfg.rl.distillation_mode if cfg.job.algorithm == "opd" else "-",
         seed=cfg.job.seed,
+        lr=cfg.rl.lr,
+        max_steps=cfg.rl.max_steps,
         lag=cfg.rl.off_policy_lag,
         backend=cfg.placement.backend,
         eval_every=cfg.rl.eval_every,
@@ -66,42 +73,51 @@ def read_run(run_dir: str | Path, target: float) -> RunResult:
 
 
 def ratios(results: list[RunResult]) -> dict[RunResult, float | None]:
-    """Each lagged run's first step over its (algorithm, seed) twin's at k = 0; None when either
-    never reached the target or the pair has no k = 0 run."""
-    base: dict[tuple[str, int], RunResult] = {}
-    seen: dict[tuple[str, int, int], str] = {}
+    """Each lagged run's first step over its twin's at k = 0 (same algorithm, mode, seed,
+    learning rate and max steps); None when either never reached the target or the pair has no k = 0 run."""
+    base: dict[tuple, RunResult] = {}
+    seen: dict[tuple, str] = {}
     for r in results:
-        key = (r.algorithm, r.seed, r.lag)
+        key = (*_pair(r), r.lag)
         if key in seen:
-            raise SystemExit(f"lag_learning: {seen[key]} and {r.run_dir} are both "
-                             f"{r.algorithm} seed {r.seed} k={r.lag}; pass one of them")  # fmt: skip
+            raise SystemExit(f"lag_learning: {seen[key]} and {r.run_dir} are both {_name(r)} "
+                             f"k={r.lag}; pass one of them")  # fmt: skip
         seen[key] = r.run_dir
         if r.lag == 0:
-            base[(r.algorithm, r.seed)] = r
+            base[_pair(r)] = r
     out: dict[RunResult, float | None] = {}
     for r in results:
         if r.lag == 0:
             continue
-        b = base.get((r.algorithm, r.seed))
+        b = base.get(_pair(r))
         ok = b is not None and b.first_step and r.first_step is not None
         out[r] = r.first_step / b.first_step if ok else None
     return out
 
 
+def _pair(r: RunResult) -> tuple:
+    return (r.algorithm, r.mode, r.seed, r.lr, r.max_steps)
+
+
+def _name(r: RunResult) -> str:
+    mode = "" if r.mode == "-" else f" {r.mode}"
+    return f"{r.algorithm}{mode} seed {r.seed} lr {r.lr:g} {r.max_steps} steps"
+
+
 def report(results: list[RunResult], target: float, max_ratio: float) -> list[str]:
     """The table, one line per run (k = 0 before its lagged twins), then the verdict."""
     rat = ratios(results)
-    results = sorted(results, key=lambda r: (r.algorithm, r.seed, r.lag))
-    lines = [f"{'algorithm':<9} {'seed':>4} {'k':>2} {'backend':<7} {'eval':>5} "
-             f"{'step>=' + str(target):>9} {'ratio':>6} {'final':>6} {'steps':>6} "
+    results = sorted(results, key=lambda r: (*_pair(r), r.lag))
+    lines = [f"{'algorithm':<9} {'mode':<9} {'lr':>7} {'seed':>4} {'k':>2} {'backend':<7} "
+             f"{'eval':>5} {'step>=' + str(target):>9} {'ratio':>6} {'final':>6} {'steps':>6} "
              f"{'train_s':>8}  run"]  # fmt: skip
     for r in results:
         step = "never" if r.first_step is None else str(r.first_step)
         ratio = "" if r.lag == 0 else ("-" if rat[r] is None else f"{rat[r]:.2f}")
         final = "-" if r.final_accuracy is None else f"{r.final_accuracy:.2f}"
-        lines.append(f"{r.algorithm:<9} {r.seed:>4} {r.lag:>2} {r.backend:<7} "
-                     f"{r.eval_every:>5} {step:>9} {ratio:>6} {final:>6} {r.last_step:>6} "
-                     f"{r.train_s:>8.0f}  {r.run_dir}")  # fmt: skip
+        lines.append(f"{r.algorithm:<9} {r.mode:<9} {r.lr:>7g} {r.seed:>4} {r.lag:>2} "
+                     f"{r.backend:<7} {r.eval_every:>5} {step:>9} {ratio:>6} {final:>6} "
+                     f"{r.last_step:>6} {r.train_s:>8.0f}  {r.run_dir}")  # fmt: skip
     within = [v is not None and v <= max_ratio for v in rat.values()]
     if not within:
         return [*lines, "no lagged run among these: nothing to compare (pass k>0 runs too)"]

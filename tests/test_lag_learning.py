@@ -18,11 +18,13 @@ import lag_learning  # noqa: E402
 
 
 def fake_run(root: Path, name: str, seed: int, lag: int, accs: dict[int, float],
-             algorithm: str = "grpo", steps: int = 0) -> str:  # fmt: skip
+             algorithm: str = "grpo", steps: int = 0, lr: float = 1e-3,
+             mode: str = "advantage", max_steps: int = 500) -> str:  # fmt: skip
     """A run directory: config.yaml with these keys, val/accuracy at the steps of ``accs``, and
     one training record (time/step_s = 0.5) per step 1..``steps``."""
     cfg = PosttrainConfig()
     cfg.job.algorithm, cfg.job.seed, cfg.rl.off_policy_lag = algorithm, seed, lag
+    cfg.rl.lr, cfg.rl.distillation_mode, cfg.rl.max_steps = lr, mode, max_steps
     cfg.placement.backend = "ray" if lag else "local"
     cfg.rl.eval_every = 100
     run = root / name
@@ -59,6 +61,28 @@ def test_ratio_pairs_each_lagged_run_with_its_own_seed(tmp_path):
     assert got == {("grpo", 0): 1.25, ("grpo", 1): 0.5, ("opd", 0): 2.0}
 
 
+def test_runs_pair_by_learning_rate_and_opd_mode(tmp_path):
+    """One seed's OPD runs at two learning rates, in both modes and at two lengths: each lagged
+    run meets the k=0 run of its own rate, mode and max steps, and the table names them."""
+    runs = [
+        fake_run(tmp_path, "a3k0", 0, 0, {400: 0.9}, algorithm="opd", lr=3e-3),
+        fake_run(tmp_path, "a3k1", 0, 1, {600: 0.9}, algorithm="opd", lr=3e-3),  # 600 / 400
+        fake_run(tmp_path, "a2k0", 0, 0, {200: 0.9}, algorithm="opd", lr=2e-3),
+        fake_run(tmp_path, "a2k1", 0, 1, {500: 0.9}, algorithm="opd", lr=2e-3),  # 500 / 200
+        fake_run(tmp_path, "d3k0", 0, 0, {100: 0.9}, algorithm="opd", lr=3e-3, mode="direct"),
+        fake_run(tmp_path, "d3k1", 0, 1, {300: 0.9}, algorithm="opd", lr=3e-3, mode="direct"),
+        fake_run(tmp_path, "g", 0, 0, {100: 0.9}, lr=3e-3, mode="direct"),  # GRPO: no mode
+        fake_run(tmp_path, "long", 0, 1, {900: 0.9}, algorithm="opd", lr=3e-3, max_steps=1000),
+    ]
+    results = [lag_learning.read_run(d, 0.9) for d in runs]
+    got = {(r.mode, r.lr, r.max_steps): v for r, v in lag_learning.ratios(results).items()}
+    assert got == {("advantage", 3e-3, 500): 1.5, ("advantage", 2e-3, 500): 2.5,
+                   ("direct", 3e-3, 500): 3.0, ("advantage", 3e-3, 1000): None}  # fmt: skip
+    by_run = {line.split()[-1]: line.split() for line in lag_learning.report(results, 0.9, 2)[1:]}
+    assert by_run[runs[3]][:5] == ["opd", "advantage", "0.002", "0", "1"]
+    assert by_run[runs[6]][:3] == ["grpo", "-", "0.003"]
+
+
 def test_verdict_counts_runs_within_the_ratio_and_flags_a_miss(tmp_path):
     runs = [
         fake_run(tmp_path, "s0k0", 0, 0, {400: 0.9}),
@@ -72,9 +96,9 @@ def test_verdict_counts_runs_within_the_ratio_and_flags_a_miss(tmp_path):
     assert lines[-1] == ("lagged runs reaching 0.9 within 1.25x the steps of k=0: 1 of 3 "
                          "(target missed)")  # fmt: skip
     by_run = {line.split()[-1]: line.split() for line in lines[1:-1]}
-    assert by_run[runs[1]][5:7] == ["500", "1.25"]
-    assert by_run[runs[3]][5:7] == ["600", "1.50"]
-    assert by_run[runs[5]][5:7] == ["never", "-"]
+    assert by_run[runs[1]][7:9] == ["500", "1.25"]
+    assert by_run[runs[3]][7:9] == ["600", "1.50"]
+    assert by_run[runs[5]][7:9] == ["never", "-"]
     assert [line.split()[-1] for line in lines[1:-1]] == runs  # k=0 first, then its twin
 
 
@@ -94,8 +118,16 @@ def test_not_a_run_directory_is_one_line(tmp_path):
 def test_two_runs_of_one_seed_and_lag_are_refused(tmp_path):
     a = fake_run(tmp_path, "a", 3, 1, {100: 0.9})
     b = fake_run(tmp_path, "b", 3, 1, {200: 0.9})
-    with pytest.raises(SystemExit, match=r"lag_learning: .*/a and .*/b are both grpo seed 3 k=1"):
+    with pytest.raises(
+        SystemExit, match=r"lag_learning: .*/a and .*/b are both grpo seed 3 lr 0.001 500 steps k=1"
+    ):
         lag_learning.main([a, b])
+    c = fake_run(tmp_path, "c", 3, 1, {100: 0.9}, algorithm="opd", lr=3e-3)
+    d = fake_run(tmp_path, "d", 3, 1, {100: 0.9}, algorithm="opd", lr=3e-3)
+    with pytest.raises(
+        SystemExit, match=r"are both opd advantage seed 3 lr 0.003 500 steps k=1; pass"
+    ):
+        lag_learning.main([c, d])
 
 
 def test_without_a_lagged_run_the_verdict_says_so(tmp_path):

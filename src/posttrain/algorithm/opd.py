@@ -95,7 +95,8 @@ def reads(config: Any) -> Reads:
         if rl.divergence != "jsd":
             keys.discard("rl.jsd_beta")
             unread["rl.jsd_beta"] = "read only by rl.divergence=jsd"
-    return Reads(frozenset(keys), f"OPD, rl.distillation_mode={mode}", unread)
+    # The direct mode's loss is exact at every position it is given: a lag only changes which.
+    return Reads(frozenset(keys), f"OPD, rl.distillation_mode={mode}", unread, mode == "direct")
 
 
 def identity_of(rl: Any, teacher_top_k: int | None = None) -> dict[str, Any]:

@@ -40,17 +40,18 @@ def lag_without_is_correction(cfg: PosttrainConfig) -> str | None:
 
 @warning("rl.off_policy_lag", "job.algorithm", "rl.grpo_surrogate")
 def lag_with_an_uncorrected_loss(cfg: PosttrainConfig) -> str | None:
-    """A loss that reads no ``rl.rollout_is_cap`` (``legacy_pg``, OPD's ``direct`` mode) trains
-    lagged samples uncorrected (docs/guides/async.md measures what that costs OPD)."""
+    """A loss that reads no ``rl.rollout_is_cap`` (``legacy_pg``) trains lagged samples
+    uncorrected. A sampler-free loss (OPD's ``direct`` mode: a divergence over the whole
+    next-token distribution) needs no correction; docs/guides/async.md measures it under a lag."""
     k = cfg.rl.off_policy_lag
     reads = reads_or_none(cfg)
-    if not k or reads is None or reads.reads("rl.rollout_is_cap"):
+    if not k or reads is None or reads.reads("rl.rollout_is_cap") or reads.sampler_free:
         return None
     return (
         f"rl.off_policy_lag={k} with a loss that applies no behaviour-policy correction (it "
         "reads no rl.rollout_is_cap): samples from older weights train uncorrected (see "
-        "docs/guides/async.md); with GRPO set rl.grpo_surrogate=clipped or cispo, with OPD "
-        "rl.distillation_mode=advantage, otherwise rl.off_policy_lag=0"
+        "docs/guides/async.md); with GRPO set rl.grpo_surrogate=clipped or cispo, otherwise "
+        "rl.off_policy_lag=0"
     )
 
 

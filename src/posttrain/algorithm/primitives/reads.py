@@ -35,16 +35,21 @@ class Reads:
     ``keys``: the dotted config keys it reads. ``by``: how messages name the selection
     (``"rl.grpo_surrogate=legacy_pg"``). ``unread``: key -> why it is not read here, for the
     knobs whose message deserves a reason (``"no KL anchor with rl.kl_beta=0"``).
+    ``sampler_free``: the loss weighs no sampled token by its probability (a divergence over
+    the whole next-token distribution at each sampled position, OPD's ``direct`` mode), so
+    samples from older weights (``rl.off_policy_lag``) need no importance correction; a union
+    is sampler-free only when every part is.
     """
 
     keys: frozenset[str]
     by: str
     unread: Mapping[str, str] = field(default_factory=dict)
+    sampler_free: bool = False
 
     def __or__(self, other: Reads) -> Reads:
         keys = self.keys | other.keys
         unread = {k: v for k, v in {**other.unread, **self.unread}.items() if k not in keys}
-        return Reads(keys, self.by, unread)
+        return Reads(keys, self.by, unread, self.sampler_free and other.sampler_free)
 
     def reads(self, key: str) -> bool:
         return key in self.keys
