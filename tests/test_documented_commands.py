@@ -63,6 +63,7 @@ SKIPPED = {
     "posttrain opd --config opd_arithmetic -- job.name=lag_opd": "the learning check's OPD "
     "runs: their teacher is lag_s0_k0's final checkpoint (3,000 steps)",
     "python benchmarks/lag_learning.py outputs/grpo/lag_": "reads the learning check's runs above",
+    "python benchmarks/lag_learning.py outputs/opd/lag_opd": "reads the learning check's OPD runs",
 }
 #: Command prefix -> (why it cannot run here as written, what runs in its place so that the
 #: commands after it have their inputs).
