@@ -43,7 +43,10 @@ def build_tools_model(out: Path, seed: int = 0, eos_logit: float = 0.5) -> Path:
 
 class Chatty:
     """Answers every assistant turn with a short user turn until ``env.max_turns`` cuts it:
-    every trajectory is multi-turn, whatever a random policy samples."""
+    every trajectory is multi-turn, whatever a random policy samples. It counts its nudges, a
+    custom info key (published as ``env/nudges_mean``)."""
+
+    info_keys = ("nudges",)
 
     def reset(self, item):
         return [{"role": "user", "content": item["prompt"]}]
@@ -83,3 +86,13 @@ def some_groups_reward(prompt: str, completion: str, answer: str, meta: dict) ->
     """:func:`length_reward` on about half the prompts, 0 on the rest: uninformative groups, so
     dynamic sampling samples more rounds."""
     return length_reward(prompt, completion, answer, meta) if len(answer) % 2 else 0.0
+
+
+class ReservedInfo(Chatty):
+    """Declares an info key the driver reserves (preflight refuses it)."""
+
+    info_keys = ("nudges", "turns")
+
+
+def reserved_info() -> ReservedInfo:
+    return ReservedInfo()

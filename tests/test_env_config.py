@@ -53,6 +53,15 @@ def test_preflight_imports_the_environment(tmp_path, monkeypatch) -> None:
     )
     (tmp_path / "bad_env.py").write_text("def make():\n    return 3\n")
     assert "returned a int without reset and step" in _preflight(name="bad_env:make")
+    (tmp_path / "keyed_env.py").write_text(
+        "from posttrain.env.tools import calculator_environment\n"
+        "def make():\n    env = calculator_environment()\n"
+        "    env.info_keys = ('tool_calls', 'reward')\n    return env\n"
+    )
+    assert (
+        "environment 'keyed_env:make': info key 'reward' is reserved (the driver's own "
+        "env_tokens, policy_tokens, reward, truncation, turns); rename it"
+    ) in _preflight(name="keyed_env:make")
 
 
 def test_preflight_accepts_builtin_and_tools_environments() -> None:

@@ -154,6 +154,8 @@ def test_metrics(tok) -> None:
 class Judge:
     """A user environment: asks once for a retry, then rewards the answer '19'."""
 
+    info_keys = ("asks",)
+
     def reset(self, item):
         return [{"role": "user", "content": item["prompt"]}]
 
@@ -228,3 +230,105 @@ def test_fallback_mode_runs_without_template_tools(tok) -> None:
     assert ep.messages[3] == {"role": "user", "content": "<tool_response>19</tool_response>"}
     assert decode(tok, ep.ids) + "\n" == render(tok, ep.messages)
     assert (ep.turns, ep.done, ep.info["tool_calls"]) == (2, True, 1)
+
+
+class Counter(Judge):
+    """Declares two keys and reports ``hits`` only on an answer of '19'."""
+
+    info_keys = ("asks", "hits")
+
+    def step(self, messages):
+        if messages[-1]["content"] == "19":
+            return EnvStep(done=True, info={"hits": 0.5})
+        return super().step(messages)
+
+
+def test_a_declared_info_key_no_step_reported_is_zero(tok) -> None:
+    eps, _ = run(tok, {0: ["18", "19"], 1: ["19"]}, items=ITEMS[:2], make_env=Counter)
+    assert [(e.info["asks"], e.info["hits"]) for e in eps] == [(1, 0.5), (0, 0.5)]
+    eps, _ = run(tok, {0: ["18", "7"]}, items=ITEMS[:1], make_env=Counter)
+    assert (eps[0].info["asks"], eps[0].info["hits"]) == (1, 0)  # declared, never reported
+
+
+class Undeclared(Judge):
+    info_keys = ()
+
+
+def test_an_undeclared_info_key_fails_in_one_line(tok) -> None:
+    with pytest.raises(EnvironmentFailedError) as e:
+        run(tok, {0: ["1"]}, items=ITEMS[:1], make_env=Undeclared)
+    assert str(e.value) == (
+        "environment on item 0 turn 1: info key 'asks' is not declared (info_keys: none); add "
+        "it to the environment's info_keys to publish it as env/asks_mean"
+    )
+
+    class Extra(type(calculator_environment())):
+        def step(self, messages):
+            return EnvStep(done=True, info={"call_right": 1})
+
+    with pytest.raises(EnvironmentFailedError) as e:
+        run(tok, {0: ["1"]}, items=ITEMS[:1], make_env=lambda: Extra([CALCULATOR]))
+    assert str(e.value) == (
+        "environment on item 0 turn 1: info key 'call_right' is not declared (info_keys: "
+        "'tool_calls', 'tool_errors', 'tool_timeouts'); add it to the environment's info_keys "
+        "to publish it as env/call_right_mean"
+    )
+
+
+@pytest.mark.parametrize("bad", ["1", None, True, float("nan"), float("inf")])
+def test_a_non_numeric_or_non_finite_info_value_fails_in_one_line(tok, bad) -> None:
+    class Bad(Judge):
+        def step(self, messages):
+            return EnvStep(done=True, info={"asks": bad})
+
+    with pytest.raises(EnvironmentFailedError) as e:
+        run(tok, {0: ["1"]}, items=ITEMS[:1], make_env=Bad)
+    assert str(e.value) == (
+        f"environment on item 0 turn 1: info['asks'] = {bad!r} is not a finite number; report "
+        "an int or a float (int(flag) for a yes/no)"
+    )
+
+
+def test_numpy_numbers_are_info_values(tok) -> None:
+    import numpy as np
+
+    class Numpy(Judge):
+        def step(self, messages):
+            return EnvStep(done=True, info={"asks": np.int64(2)})
+
+    eps, _ = run(tok, {0: ["1"]}, items=ITEMS[:1], make_env=Numpy)
+    assert eps[0].info["asks"] == 2
+
+
+@pytest.mark.parametrize(
+    ("keys", "line"),
+    [
+        ("asks", "info_keys = 'asks' is not a list of names; declare info_keys = ('my_count', ...)"),
+        (("asks", "a b"), "info key 'a b' is not a name; use letters, digits and '_', starting "
+                          "with a letter"),
+        (("reward",), "info key 'reward' is reserved (the driver's own env_tokens, "
+                      "policy_tokens, reward, truncation, turns); rename it"),
+        (("asks", "asks"), "info_keys lists ['asks'] twice; list each once"),
+    ],
+)  # fmt: skip
+def test_bad_info_key_declarations_fail_in_one_line(keys, line) -> None:
+    from posttrain.env import EnvironmentSpecError
+    from posttrain.env.base import environment_info_keys
+
+    env = Judge()
+    env.info_keys = keys
+    with pytest.raises(EnvironmentSpecError) as e:
+        environment_info_keys(env, "environment 'my_env:make'")
+    assert str(e.value) == f"environment 'my_env:make': {line}"
+
+
+def test_preflight_refuses_a_reserved_info_key() -> None:
+    from posttrain.env import EnvironmentSpecError, check_environment
+
+    check_environment("multiturn_fixtures:chatty")
+    with pytest.raises(EnvironmentSpecError) as e:
+        check_environment("multiturn_fixtures:reserved_info")
+    assert str(e.value) == (
+        "environment 'multiturn_fixtures:reserved_info': info key 'turns' is reserved (the "
+        "driver's own env_tokens, policy_tokens, reward, truncation, turns); rename it"
+    )

@@ -17,6 +17,7 @@ from posttrain.config import PosttrainConfig
 from posttrain.data.logprobs import response_logprobs
 from posttrain.data.prefix import use_shared_prefix
 from posttrain.data.tasks import TaskItem
+from posttrain.env import EnvStep
 from posttrain.env.chat_template import build_tools_tokenizer
 from posttrain.env.episode import EpisodeBatch, EpisodeLimits
 from posttrain.env.render import decode, encode
@@ -167,8 +168,79 @@ def test_sampled_ids_are_trained_as_sampled_never_retokenised() -> None:
     assert b.columns["env_tool_calls"].tolist() == [1.0] and rollout.texts == ("19",)
     metrics = env_metrics(b)
     assert metrics["env/turns_mean"] == 2 and metrics["env/tool_errors_mean"] == 0
+    assert metrics["env/tool_calls_mean"] == 1 and metrics["env/tool_timeouts_mean"] == 0
     assert metrics["env/env_tokens_mean"] > 0
     assert metrics["env/policy_tokens_mean"] == len(sampled) + len(answer)
+
+
+class Scorer:
+    """A user environment with two custom info keys: ``call_right`` on a first turn of 'A',
+    ``answer_hits`` (a fraction) on the answer after it; a first turn 'stop' ends with no info."""
+
+    info_keys = ("call_right", "answer_hits")
+
+    def reset(self, item):
+        return [{"role": "user", "content": item["prompt"]}]
+
+    def step(self, messages):
+        if messages[-1]["content"] == "stop":
+            return EnvStep(done=True)
+        if len(messages) == 2:
+            right = int(messages[-1]["content"] == "A")
+            return EnvStep([{"role": "user", "content": "ok"}], info={"call_right": right})
+        return EnvStep(done=True, info={"answer_hits": 0.25 * len(messages[-1]["content"])})
+
+
+def _scored(tok, scripts: list[list[str]], group: int = 0):
+    """``episodes_rollout`` of :class:`Scorer` episodes with ``scripts`` (turn texts per row,
+    n=2), the rows in one group each pair."""
+    eps = EpisodeBatch([{"prompt": "1+1="}] * len(scripts), Scorer, tok, EpisodeLimits(3, 20, 200))
+    turns = [list(s) for s in scripts]
+    while requests := eps.requests():
+        outs = [[tok.convert_tokens_to_ids(c) for c in turns[r.key].pop(0)] + [tok.eos_token_id]
+                for r in requests]  # fmt: skip
+        eps.advance(outs)
+    episodes = eps.episodes()
+    lps = {i: [-0.5] * sum(e.mask) for i, e in enumerate(episodes)}
+    groups = torch.arange(len(scripts) // 2, dtype=torch.int64) + group
+    return episodes_rollout(episodes, lps, tok, 2, groups, sample_id_offset=10 * group)
+
+
+def test_custom_info_keys_become_columns_and_metrics() -> None:
+    tok = build_tools_tokenizer()
+    rollout = _scored(tok, [["A", "12"], ["B", "1"], ["stop"], ["A", "1234"]])
+    c = rollout.batch.columns
+    assert c["env_call_right"].tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert c["env_answer_hits"].tolist() == [0.5, 0.25, 0.0, 1.0]  # 0: never reported
+    assert c["env_turns"].tolist() == [2.0, 2.0, 1.0, 2.0]
+    m = env_metrics(rollout.batch)
+    assert m["env/call_right_mean"] == 0.5 and m["env/answer_hits_mean"] == 0.4375
+    assert m["env/turns_mean"] == 1.75 and "env/tool_calls_mean" not in m
+    assert sorted(k for k in m if k.endswith("_mean")) == [
+        "env/answer_hits_mean", "env/call_right_mean", "env/env_tokens_mean",
+        "env/policy_tokens_mean", "env/turns_mean",
+    ]  # fmt: skip
+    # the same columns when no row of a batch reports a key (declared, so the set is fixed)
+    quiet = _scored(tok, [["stop"], ["stop"]])
+    assert sorted(quiet.batch.columns) == sorted(c)
+    assert env_metrics(quiet.batch)["env/answer_hits_mean"] == 0.0
+
+
+def test_dynamic_sampling_joins_rounds_with_custom_info_columns_aligned() -> None:
+    """What dynamic sampling does with rounds (keep the informative groups of each, join them):
+    the custom columns follow their rows, whatever the rounds' widths."""
+    from posttrain.rollout.concat import concat_rollouts, keep_groups
+
+    tok = build_tools_tokenizer()
+    first = _scored(tok, [["A", "12"], ["stop"], ["B", "1"], ["A", "1"]])
+    second = _scored(tok, [["stop"], ["A", "123456"]], group=2)
+    kept = keep_groups(first, torch.tensor([False, True]))
+    joined = concat_rollouts([kept, second])
+    c = joined.batch.columns
+    assert joined.batch.sample_ids.tolist() == [2, 3, 20, 21]
+    assert c["env_call_right"].tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert c["env_answer_hits"].tolist() == [0.25, 0.25, 0.0, 1.5]
+    assert env_metrics(joined.batch)["env/answer_hits_mean"] == 0.5
 
 
 def _run(tmp: Path, model_dir: Path, name: str, **extra):
@@ -196,10 +268,13 @@ def test_multiturn_grpo_run_logs_env_metrics_and_is_split_invariant(tmp_path, mo
     split = _run(tmp_path, model_dir, "mt-split", **{"rl.micro_batch_size": 1})
     steps = [r for r in whole if "train/loss" in r]
     assert len(steps) == 2 and steps[0]["train/loss"] != 0.0
-    for key in ("turns_mean", "tool_calls_mean", "policy_tokens_mean", "env_tokens_mean",
+    for key in ("turns_mean", "nudges_mean", "policy_tokens_mean", "env_tokens_mean",
                 "truncated_max_turns_frac", "truncated_turn_tokens_frac"):  # fmt: skip
         assert f"train/env/{key}" in steps[0] and f"val/env/{key}" in whole[-1]
     assert steps[0]["train/env/env_tokens_mean"] > 0
+    # the environment's own key (a nudge per turn that ended at its stop token); no tool keys
+    assert 0 < steps[0]["train/env/nudges_mean"] <= steps[0]["train/env/turns_mean"]
+    assert not [k for k in steps[0] if "tool" in k]
     for a, b in zip(steps, [r for r in split if "train/loss" in r], strict=True):
         assert a["train/env/turns_mean"] == b["train/env/turns_mean"]  # same samples
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5, abs=1e-7)
@@ -255,6 +330,7 @@ def test_dynamic_sampling_keeps_multiturn_rows_and_columns_aligned(tmp_path, mod
              "reward.functions": "[multiturn_fixtures:some_groups_reward]"}  # fmt: skip
     steps = [r for r in _run(tmp_path, model_dir, "mt-dyn", **knobs) if "train/loss" in r]
     assert len(steps) == 2 and all("train/env/turns_mean" in r for r in steps)
+    assert all(0 < r["train/env/nudges_mean"] <= r["train/env/turns_mean"] for r in steps)
     assert max(r["train/sampling/rounds"] for r in steps) > 1  # rounds were concatenated
 
 

@@ -53,7 +53,10 @@ def test_environments_run_in_the_reward_actor_and_ray_equals_local(pid_dir, tmp_
         "placement.backend": "ray", "placement.cpus_per_role": 0.5})  # fmt: skip
     pids = {p.name for p in pid_dir.iterdir()}
     assert len(pids) == 1 and str(os.getpid()) not in pids  # one process: the reward actor
-    keys = ("train/loss", "train/env/turns_mean", "train/env/env_tokens_mean", "val/accuracy")
+    keys = ("train/loss", "train/env/turns_mean", "train/env/env_tokens_mean", "val/accuracy",
+            "train/env/nudges_mean", "val/env/nudges_mean")  # fmt: skip
+    # the environment's own info key, declared in the reward actor, reaches the driver's metrics
+    assert "train/env/nudges_mean" in remote[1] and "val/env/nudges_mean" in remote[-1]
     for a, b in zip(local, remote, strict=True):
         for k in keys:
             if k in a:

@@ -47,7 +47,7 @@ ENVIRONMENT = "posttrain.configs.smollm2_calculator:calculator_environment"
 
 class CalculatorEnv:
     """The tools environment ``inner`` with :data:`EXAMPLE` between its system message and the
-    question; its steps and tools unchanged."""
+    question; its steps, tools and info keys unchanged."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -55,6 +55,10 @@ class CalculatorEnv:
     @property
     def tools(self) -> list[dict[str, Any]]:
         return self.inner.tools
+
+    @property
+    def info_keys(self) -> tuple[str, ...]:
+        return self.inner.info_keys
 
     def reset(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         system, *question = self.inner.reset(item)

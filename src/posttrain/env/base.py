@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+import numbers
+import re
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -33,7 +35,9 @@ class EnvStep:
 
     ``messages`` are appended to the conversation (ignored when ``done``); ``reward`` is this
     step's reward, ``None`` when the environment leaves scoring to the reward stage; ``info`` holds
-    numbers summed into the episode's metrics (``tool_calls``, ``tool_errors``, ...).
+    finite numbers summed over the episode's steps, each key one the environment declares in its
+    ``info_keys`` (``tool_calls``, ``tool_errors``, ...): each is published as
+    ``env/<key>_mean`` (per trajectory).
     """
 
     messages: list[Message] = field(default_factory=list)
@@ -72,10 +76,44 @@ BUILTIN: dict[str, str] = {
 
 EnvFactory = Callable[[], Environment]
 
+#: Info keys an environment cannot declare: the episode's own counts (``turns``,
+#: ``policy_tokens``, ``env_tokens``) and the names whose ``env_<key>`` column the multi-turn
+#: batch already holds (``env_reward``, ``env_truncation``).
+RESERVED_INFO_KEYS = frozenset({"turns", "policy_tokens", "env_tokens", "reward", "truncation"})
+_INFO_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
 
 def environment_tools(env: Environment) -> list[dict[str, Any]]:
     """The tool schemas an environment hands to the chat template (``[]`` for none)."""
     return list(getattr(env, "tools", None) or [])
+
+
+def environment_info_keys(env: Environment, where: str) -> tuple[str, ...]:
+    """The info keys ``env`` declares (its ``info_keys``, ``()`` without one), validated: each a
+    name (it becomes the column ``env_<key>`` and the metric ``env/<key>_mean``), none reserved,
+    none twice. ``where`` names the environment in the one-line error."""
+    keys = getattr(env, "info_keys", ())
+    if isinstance(keys, str) or not isinstance(keys, Collection):
+        raise EnvironmentSpecError(
+            f"{where}: info_keys = {keys!r} is not a list of names; declare "
+            "info_keys = ('my_count', ...)"
+        )
+    keys = tuple(keys)
+    for key in keys:
+        if not isinstance(key, str) or not _INFO_KEY.fullmatch(key):
+            raise EnvironmentSpecError(
+                f"{where}: info key {key!r} is not a name; use letters, digits and '_', "
+                "starting with a letter"
+            )
+        if key in RESERVED_INFO_KEYS:
+            raise EnvironmentSpecError(
+                f"{where}: info key {key!r} is reserved (the driver's own "
+                f"{', '.join(sorted(RESERVED_INFO_KEYS))}); rename it"
+            )
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise EnvironmentSpecError(f"{where}: info_keys lists {twice} twice; list each once")
+    return keys
 
 
 def load_environment(spec: str, tools: Sequence[str] = ()) -> EnvFactory:
@@ -126,8 +164,10 @@ def make_environment(factory: EnvFactory, spec: str) -> Environment:
 
 
 def check_environment(spec: str, tools: Sequence[str] = ()) -> None:
-    """Preflight: the environment loads and its factory returns an environment (builds one)."""
-    make_environment(load_environment(spec, tools), spec)
+    """Preflight: the environment loads, its factory returns an environment (builds one) and
+    its ``info_keys`` are valid."""
+    env = make_environment(load_environment(spec, tools), spec)
+    environment_info_keys(env, f"environment {spec!r}")
 
 
 def check_messages(messages: Any, where: str) -> list[Message]:
@@ -147,8 +187,9 @@ def check_messages(messages: Any, where: str) -> list[Message]:
     return messages
 
 
-def check_step(result: Any, where: str) -> EnvStep:
-    """An environment's step answer, validated (an :class:`EnvStep` with finite reward)."""
+def check_step(result: Any, where: str, info_keys: Collection[str]) -> EnvStep:
+    """An environment's step answer, validated: an :class:`EnvStep` with a finite reward and
+    finite numbers in ``info`` under declared keys only (an undeclared one would vanish)."""
     if not isinstance(result, EnvStep):
         raise EnvironmentFailedError(f"{where}: returned {type(result).__name__}, not an EnvStep")
     if not result.done:
@@ -157,7 +198,21 @@ def check_step(result: Any, where: str) -> EnvStep:
         isinstance(result.reward, int | float) and math.isfinite(result.reward)
     ):
         raise EnvironmentFailedError(f"{where}: reward {result.reward!r} is not a finite number")
+    if not isinstance(result.info, dict):
+        raise EnvironmentFailedError(
+            f"{where}: info is a {type(result.info).__name__}, not a dict of numbers"
+        )
     for key, value in result.info.items():
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise EnvironmentFailedError(f"{where}: info[{key!r}] = {value!r} is not a number")
+        if key not in info_keys:
+            declared = ", ".join(map(repr, info_keys)) or "none"
+            raise EnvironmentFailedError(
+                f"{where}: info key {key!r} is not declared (info_keys: {declared}); add it to "
+                f"the environment's info_keys to publish it as env/{key}_mean"
+            )
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if not number or not math.isfinite(value):
+            raise EnvironmentFailedError(
+                f"{where}: info[{key!r}] = {value!r} is not a finite number; report an int or "
+                "a float (int(flag) for a yes/no)"
+            )
     return result

@@ -27,6 +27,7 @@ from posttrain.env.base import (
     Message,
     check_messages,
     check_step,
+    environment_info_keys,
     environment_tools,
 )
 from posttrain.env.render import TokenTrajectory, decode, encode, observation_segment, render
@@ -60,12 +61,18 @@ class EpisodeLimits:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
+#: Entries of :attr:`Episode.info` that count the trajectory's tokens (the policy mask holds
+#: them too, so a batch derives them from the mask rather than carrying them twice).
+TOKEN_COUNTS = ("policy_tokens", "env_tokens")
+
+
 @dataclass
 class Episode:
     """A finished trajectory: ids, policy mask (1 = sampled), and what the environment said.
 
     ``reward`` sums the environment's step rewards (``None`` if it gave none); ``info`` sums
-    its step infos and adds ``turns``, ``policy_tokens`` and ``env_tokens``.
+    its step infos, one entry per declared info key (0 where no step reported it), and adds
+    ``turns`` and the :data:`TOKEN_COUNTS`.
     """
 
     ids: list[int]
@@ -124,14 +131,18 @@ def _call_env(fn: Callable[[], Any], where: str) -> Any:
         raise EnvironmentFailedError(f"{where}: {type(e).__name__}: {e}") from e
 
 
-def _open(env: Environment, item: dict[str, Any], tokenizer: Any, where: str) -> _State:
+def _open(
+    env: Environment, item: dict[str, Any], tokenizer: Any, info_keys: Sequence[str], where: str
+) -> _State:
     messages = check_messages(_call_env(lambda: env.reset(item), f"{where} reset"), where)
     tools = environment_tools(env)
     prompt_text = render(tokenizer, messages, tools, generation_prompt=True)
     ids = encode(tokenizer, prompt_text)
     traj = TokenTrajectory()
     traj.add(ids, policy=False)
-    return _State(env, list(messages), traj, prompt_text, ids, tools, prompt_len=len(ids))
+    state = _State(env, list(messages), traj, prompt_text, ids, tools, prompt_len=len(ids))
+    state.info = dict.fromkeys(info_keys, 0)  # every declared key, reported or not
+    return state
 
 
 def _take_turn(
@@ -156,7 +167,7 @@ def _take_turn(
     turn_where = f"{where} turn {s.turns}"
     # a copy: an environment that edits the list it is given cannot rewrite the trajectory
     answer = _call_env(lambda: s.env.step(list(s.messages)), turn_where)
-    step: EnvStep = check_step(answer, turn_where)
+    step: EnvStep = check_step(answer, turn_where, s.info.keys())
     for key, value in step.info.items():
         s.info[key] = s.info.get(key, 0) + value
     if step.reward is not None:
@@ -186,6 +197,8 @@ class EpisodeBatch:
     the live trajectories' next turns, :meth:`advance` takes the sampled ids and lets each
     environment answer. ``stop_ids`` default to the tokenizer's EOS id; the template must close
     an assistant turn with the stop token's text (:func:`posttrain.env.render.check_template`).
+    ``info_keys``: the keys a step may report (the training host reads them once per run); by
+    default the first environment's declared ``info_keys``.
     """
 
     def __init__(
@@ -196,6 +209,7 @@ class EpisodeBatch:
         limits: EpisodeLimits,
         stop_ids: Sequence[int] | None = None,
         name: str = "environment",
+        info_keys: Sequence[str] | None = None,
     ) -> None:
         self.tokenizer, self.limits, self.name = tokenizer, limits, name
         self.stops = frozenset(stop_ids if stop_ids is not None else [tokenizer.eos_token_id])
@@ -203,7 +217,9 @@ class EpisodeBatch:
         for i, item in enumerate(items):
             where = f"{name} on item {i}"
             env = _call_env(make_env, f"{where} factory")
-            self.states.append(_open(env, item, tokenizer, where))
+            if info_keys is None:
+                info_keys = environment_info_keys(env, name)
+            self.states.append(_open(env, item, tokenizer, info_keys, where))
         for s in self.states:
             if len(s.traj.ids) >= limits.max_context:
                 s.finish("context")

@@ -13,7 +13,12 @@ from typing import Any
 
 from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.data.tasks import TaskItem
-from posttrain.env.base import environment_tools, load_environment, make_environment
+from posttrain.env.base import (
+    environment_info_keys,
+    environment_tools,
+    load_environment,
+    make_environment,
+)
 from posttrain.env.episode import Episode, EpisodeBatch, EpisodeLimits, TurnRequest
 from posttrain.env.render import check_template
 
@@ -37,8 +42,9 @@ def _check_context(config: PosttrainConfig) -> None:
 
 
 class EpisodeHost:
-    """Loads ``env.name`` once, checks the chat template against it, and runs the episodes of
-    one rollout at a time (:class:`~posttrain.env.episode.EpisodeBatch`)."""
+    """Loads ``env.name`` once, checks the chat template against it, reads its ``info_keys``
+    once (so every rollout of the run reports the same keys, hence the same batch columns), and
+    runs the episodes of one rollout at a time (:class:`~posttrain.env.episode.EpisodeBatch`)."""
 
     def __init__(self, config: PosttrainConfig, tokenizer: Any) -> None:
         env = config.env
@@ -49,12 +55,16 @@ class EpisodeHost:
         check_template(tokenizer, environment_tools(probe))
         self.limits = EpisodeLimits(env.max_turns, config.rollout.max_tokens, env.max_context)
         self.name = f"environment {env.name!r}"
+        self.info_keys = environment_info_keys(probe, self.name)
         self._batch: EpisodeBatch | None = None
 
     def open(self, items: Sequence[TaskItem]) -> list[TurnRequest]:
         """Reset one environment per row; the first turn of each trajectory."""
         rows = [env_item(it) for it in items]
-        self._batch = EpisodeBatch(rows, self.factory, self.tokenizer, self.limits, name=self.name)
+        self._batch = EpisodeBatch(
+            rows, self.factory, self.tokenizer, self.limits, name=self.name,
+            info_keys=self.info_keys,
+        )  # fmt: skip
         return self._batch.requests()
 
     def advance(self, outs: Sequence[Sequence[int]]) -> list[TurnRequest]:

@@ -14,7 +14,8 @@ Several calls in one turn run in order. A turn without ``<tool_call>`` ends the 
 final answer goes to the reward stage). Every failure (text that is not JSON, an unknown tool,
 wrong arguments, an exception, a timeout) is answered to the model as that call's tool output
 ``error: ...`` and counted: ``tool_calls`` (every attempted call), ``tool_errors`` (failed calls,
-timeouts included) and ``tool_timeouts``.
+timeouts included) and ``tool_timeouts``, the environment's declared ``info_keys`` (published as
+``env/<key>_mean``; a subclass that reports more extends them).
 
 **The compact form** (``call_format="compact"``), for tiny models that cannot write JSON: with
 exactly one tool taking one string argument, the call's body *is* that argument,
@@ -180,6 +181,9 @@ def shared_runner(tools: tuple[Tool, ...], timeout_s: float) -> ToolRunner:
 
 class ToolsEnv:
     """Answers each assistant turn's tool calls with their results; no call ends the episode."""
+
+    #: What :meth:`step` reports in ``EnvStep.info`` (see :class:`posttrain.env.base.Environment`).
+    info_keys: tuple[str, ...] = ("tool_calls", "tool_errors", "tool_timeouts")
 
     def __init__(
         self,

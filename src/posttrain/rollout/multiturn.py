@@ -9,9 +9,11 @@ The episodes become the usual :class:`~posttrain.rollout.base.Rollout`: the prom
 the opening prompt, the response region everything after it (policy turns *and* observations,
 all attended), and ``response_mask`` marks the policy's tokens only. That mask is the one path
 by which the loss, entropy, KL, TOKEN_SUM's weight and the logprob metrics skip environment
-tokens; ``rollout_logprobs`` is 0 on them. Per-row counts travel as batch columns
-(:data:`COLUMNS`) so they stay aligned through dynamic sampling and reach the reward metrics;
-the environment's reward travels the same way (``env_reward``) to the reward stage's score.
+tokens; ``rollout_logprobs`` is 0 on them. Per-row counts travel as batch columns so they stay
+aligned through dynamic sampling and reach the reward metrics: ``env_turns`` and one
+``env_<key>`` per info key the environment declares (:func:`info_column`; the reward role reads
+the declaration once per run, so every batch of a run has the same columns and rounds join).
+The environment's reward travels the same way (``env_reward``) to the reward stage's score.
 """
 
 from __future__ import annotations
@@ -22,14 +24,26 @@ import torch
 
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
-from posttrain.env.episode import Episode
+from posttrain.env.episode import TOKEN_COUNTS, Episode
 from posttrain.reward.stage import ENV_REWARD_COLUMN
 from posttrain.rollout.base import Rollout
 
 #: Truncation reasons, coded in the ``env_truncation`` column (0: not truncated).
 TRUNCATIONS = ("max_turns", "turn_tokens", "context")
-#: Per-row columns -> the episode info key they hold.
-COLUMNS = {"env_turns": "turns", "env_tool_calls": "tool_calls", "env_tool_errors": "tool_errors"}
+TRUNCATION_COLUMN = "env_truncation"
+#: What every multi-turn column's name starts with.
+PREFIX = "env_"
+#: The ``env_*`` columns that are not per-trajectory info counts (never published as a mean).
+NOT_INFO = (ENV_REWARD_COLUMN, TRUNCATION_COLUMN)
+
+
+def info_column(key: str) -> str:
+    """The batch column of an episode info key (``turns`` or a declared key): ``env_<key>``.
+
+    Reserved keys (:data:`posttrain.env.base.RESERVED_INFO_KEYS`) keep these names apart from
+    :data:`NOT_INFO` and from the token counts :func:`env_metrics` derives from the masks.
+    """
+    return f"{PREFIX}{key}"
 
 
 def multiturn_rollout(
@@ -94,15 +108,19 @@ def episodes_rollout(
                 "policy tokens"
             )
         lp[i, policy[i]] = torch.as_tensor(sampled, dtype=torch.float32)
-    columns = {
-        col: torch.as_tensor([float(e.info.get(key, 0)) for e in episodes])
-        for col, key in COLUMNS.items()
-    }
+    # the declared keys (the same in every episode of a run), in first-seen order
+    keys = dict.fromkeys(k for e in episodes for k in e.info if k not in TOKEN_COUNTS)
+    keys.pop("turns", None)
+    turns = torch.as_tensor([float(e.turns) for e in episodes], dtype=torch.float64)
+    columns = {info_column("turns"): turns}
+    for key in keys:  # 0 where an episode has no value (a hand-built one)
+        values = [float(e.info.get(key, 0)) for e in episodes]
+        columns[info_column(key)] = torch.as_tensor(values, dtype=torch.float64)
     # the environment's reward, a term of the row's score (0 where it gave none)
     columns[ENV_REWARD_COLUMN] = torch.as_tensor(
         [0.0 if e.reward is None else float(e.reward) for e in episodes], dtype=torch.float64
     )
-    columns["env_truncation"] = torch.as_tensor(
+    columns[TRUNCATION_COLUMN] = torch.as_tensor(
         [0.0 if e.truncated is None else 1.0 + TRUNCATIONS.index(e.truncated) for e in episodes]
     )
     batch = TrajectoryBatch(
@@ -117,16 +135,21 @@ def episodes_rollout(
 
 
 def env_metrics(batch: TrajectoryBatch) -> dict[str, float]:
-    """Turns, tool calls and errors (means per trajectory), truncations by reason (fractions),
-    policy vs environment tokens (means per trajectory) of a multi-turn batch; ``{}`` otherwise."""
-    if "env_turns" not in batch.columns:
-        return {}
+    """Turns and every declared info key (``env/<key>_mean``, per trajectory), truncations by
+    reason (fractions), policy vs environment tokens (means per trajectory) of a multi-turn
+    batch; ``{}`` otherwise."""
     c = batch.columns
+    if TRUNCATION_COLUMN not in c:
+        return {}
     policy = batch.response_mask.sum(-1).double()
     env = batch.attention_mask[:, batch.prompt_width :].sum(-1).double() - policy
-    out = {f"env/{col.removeprefix('env_')}_mean": float(c[col].double().mean()) for col in COLUMNS}
+    out = {
+        f"env/{col.removeprefix(PREFIX)}_mean": float(c[col].double().mean())
+        for col in c
+        if col.startswith(PREFIX) and col not in NOT_INFO
+    }
     for code, reason in enumerate(TRUNCATIONS, start=1):
-        out[f"env/truncated_{reason}_frac"] = float((c["env_truncation"] == code).double().mean())
+        out[f"env/truncated_{reason}_frac"] = float((c[TRUNCATION_COLUMN] == code).double().mean())
     out["env/policy_tokens_mean"] = float(policy.mean())
     out["env/env_tokens_mean"] = float(env.mean())
     return out
