@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from posttrain.env import EnvStep
 from posttrain.env.chat_template import build_tools_tokenizer
@@ -35,6 +35,39 @@ def build_tools_model(out: Path, seed: int = 0, eos_logit: float = 0.5) -> Path:
             u[0] = 1.0
             model.model.layers[-1].mlp.down_proj.bias.copy_(u * 50.0)
             model.lm_head.weight[tok.eos_token_id] += u * eos_logit
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    save_char_tokenizer(tok, out)
+    return out
+
+
+def build_sliding_tools_model(out: Path, window: int = 4, seed: int = 0, bias: float = 2.0) -> Path:
+    """:func:`build_tools_model` as a Qwen2 whose first layer attends to a window of ``window``
+    tokens and whose second to the whole history: sliding and full layers in one model. The
+    EOS bias comes through the last layer's value bias (attention weights sum to one, so it is
+    added to every position); a small one (``bias``) keeps the logits sensitive to the window:
+    a cache that drops a row's tokens past its window over columns moves them by ~2e-5."""
+    tok = build_tools_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, intermediate_size=64, max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, tie_word_embeddings=False, attention_dropout=0.0,
+        use_sliding_window=True, sliding_window=window, max_window_layers=1,
+        layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+        with torch.no_grad():
+            attn = model.model.layers[-1].self_attn
+            attn.o_proj.weight.zero_()
+            attn.o_proj.weight[0, 0] = 1.0
+            attn.v_proj.bias.zero_()
+            attn.v_proj.bias[0] = bias
+            u = torch.zeros(config.hidden_size)
+            u[0] = 1.0
+            model.lm_head.weight[tok.eos_token_id] += u * 0.5
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
     save_char_tokenizer(tok, out)

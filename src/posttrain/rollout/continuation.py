@@ -11,6 +11,11 @@ trajectory's plain full-sequence forward (to rounding), whatever the batching.
 The last token sampled in a turn is never fed during that turn (its row stops there); it leads
 the row's next block. Trajectories left out of a turn's requests have ended and are dropped
 from the cache; a request list whose every request is a first turn opens a new session.
+
+Sliding-window layers count a window in tokens, and the trainer's forward over a trajectory has
+no holes, so a window over cache *columns* would show a row fewer of its own tokens than the
+trainer sees. For a model with such layers the session keeps every column (a plain cache) and
+passes the model explicit masks built from the tokens' positions (:func:`window_masks`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,44 @@ from transformers import DynamicCache
 from posttrain.data.prefix import position_ids_from_mask
 from posttrain.env.episode import TurnRequest
 from posttrain.rollout.sampling import check_sampling_args, sample_tokens
+
+
+def attention_windows(config) -> dict[str, int | None] | None:
+    """The window of each kind of attention layer, None when no layer has one.
+
+    ``{"all": w}`` for a model whose every layer slides (Mistral: one mask for all layers);
+    ``{kind: w or None}`` for one that names its layers' kinds (Qwen2, Gemma: a mask per kind).
+    """
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    kinds = getattr(config, "layer_types", None)
+    if kinds is None:
+        return {"all": int(window)}
+    if "sliding_attention" not in kinds:
+        return None
+    return {k: int(window) if k == "sliding_attention" else None for k in dict.fromkeys(kinds)}
+
+
+def window_masks(mask: Tensor, queries: int, windows: dict[str, int | None], dtype):
+    """Additive ``[rows, 1, queries, columns]`` masks for the last ``queries`` columns of a
+    cache with holes: a key is seen when it is filled, not later than the query, and (for a
+    window ``w``) fewer than ``w`` tokens before it, counting filled columns only."""
+    cols = mask.shape[1]
+    pos = mask.long().cumsum(-1)  # the token count up to each column
+    arange = torch.arange(cols, device=mask.device)
+    causal = arange[None, :] <= arange[cols - queries :, None]  # [queries, columns]
+    seen = mask.bool()[:, None, :] & causal[None]
+    lag = pos[:, cols - queries :, None] - pos[:, None, :]
+    low = torch.finfo(dtype).min
+
+    def additive(window: int | None) -> Tensor:
+        ok = seen if window is None else seen & (lag < window)
+        return torch.zeros(ok.shape, dtype=dtype, device=mask.device).masked_fill(~ok, low)[:, None]
+
+    if "all" in windows:
+        return additive(windows["all"])
+    return {kind: additive(w) for kind, w in windows.items()}
 
 
 class TurnSession:
@@ -41,6 +84,15 @@ class TurnSession:
         self.mask: Tensor | None = None  # [rows, columns] attention mask of the cache
         self.next_pos: Tensor | None = None  # [rows] position of each row's next token
         self.pending: dict[int, int] = {}  # key -> its last sampled token, not yet in the cache
+        self.windows = attention_windows(engine.model.config)
+        self.dtype = next(engine.model.parameters()).dtype
+
+    def _forward(self, ids: Tensor, positions: Tensor) -> Tensor:
+        """The engine's forward of ``ids`` (the cache's last columns) under ``self.mask``."""
+        mask = self.mask
+        if self.windows is not None:
+            mask = window_masks(mask, ids.shape[1], self.windows, self.dtype)
+        return self.engine._forward(ids, mask, positions, self.cache)
 
     def _blocks(self, requests: Sequence[TurnRequest]) -> tuple[Tensor, Tensor]:
         dev, pad = self.engine.device, self.engine.pad_token_id
@@ -89,23 +141,26 @@ class TurnSession:
         self._select(requests)
         ids, block = self._blocks(requests)
         if self.cache is None:  # first turns: each distinct prompt is prefilled once
-            self.cache = DynamicCache(config=eng.model.config)
+            # a model's own cache drops columns past a sliding window; this one keeps them all
+            self.cache = (
+                DynamicCache(config=eng.model.config) if self.windows is None else DynamicCache()
+            )
             self.keys = [r.key for r in requests]
             index: dict[tuple[int, ...], int] = {}
             which = [index.setdefault(tuple(r.new_ids), len(index)) for r in requests]
             firsts = [which.index(g) for g in range(len(index))]
-            ids, block = ids[firsts], block[firsts]
-            logits = eng._forward(ids, block, position_ids_from_mask(block), self.cache)
+            ids, self.mask = ids[firsts], block[firsts]
+            logits = self._forward(ids, position_ids_from_mask(self.mask))
             rows_of = torch.as_tensor(which, device=ids.device)
             if len(firsts) < len(requests):
                 self.cache.batch_select_indices(rows_of)
-            logits, self.mask = logits[rows_of], block[rows_of]
+            logits, self.mask = logits[rows_of], self.mask[rows_of]
             self.next_pos = self.mask.sum(-1)
         else:
             pos = self.next_pos[:, None] + (block.cumsum(-1) - 1).clamp(min=0)
             self.mask = torch.cat([self.mask, block], dim=1)
             self.next_pos = self.next_pos + block.sum(-1)
-            logits = eng._forward(ids, self.mask, pos, self.cache)
+            logits = self._forward(ids, pos)
         budgets = torch.as_tensor([r.max_new_tokens for r in requests], device=ids.device)
         stop_ids = torch.as_tensor(eng.stop_token_ids, dtype=torch.long, device=ids.device)
         rows = len(requests)
@@ -121,7 +176,7 @@ class TurnSession:
             col = (~done).long()
             self.mask = torch.cat([self.mask, col[:, None]], dim=1)
             fed = torch.where(done, eng.pad_token_id, tok)
-            logits = eng._forward(fed[:, None], self.mask, self.next_pos[:, None], self.cache)
+            logits = self._forward(fed[:, None], self.next_pos[:, None])
             self.next_pos = self.next_pos + col
         tok_rows = torch.stack(toks, 1).tolist()
         lp_rows = torch.stack(lps, 1).double().tolist()
