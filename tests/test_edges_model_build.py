@@ -78,6 +78,22 @@ def test_half_built_folder_of_another_model_is_refused(tmp_path):
     assert not (path / "model.safetensors").exists()
 
 
+def test_complete_folder_of_another_model_is_used_with_a_warning(tmp_path, caplog):
+    path = tiny.build_tiny_model("tiny", tmp_path / "arith-init")  # a whole model, not arith's
+    with caplog.at_level(logging.WARNING, logger="posttrain"):
+        assert not tiny.ensure_tiny_model("arith", path)  # nothing rebuilt
+    assert caplog.messages == [
+        f"model folder {path} is not the arith model model.init_preset=arith builds (another "
+        "preset, or one built by an older version); using it as it is (delete it to have it "
+        "rebuilt)"
+    ]
+    caplog.clear()
+    own = tiny.build_tiny_model("arith", tmp_path / "ok")
+    with caplog.at_level(logging.WARNING, logger="posttrain"):
+        assert not tiny.ensure_tiny_model("arith", own)
+    assert caplog.messages == []
+
+
 def test_concurrent_builders_agree(tmp_path, monkeypatch):
     path = tmp_path / "shared"
     builds = []

@@ -120,7 +120,8 @@ class ModelConfig(Section):
     init_preset: Literal["tiny", "small", "arith", "arith_tools"] | None = Field(
         None,
         description="When set and `model.name_or_path` does not exist yet, the entry builds a "
-        "randomly initialised Llama-architecture model of this preset with a char-level "
+        "randomly initialised Llama-family model of this preset (a Mistral for `arith_tools`: its "
+        "layers attend to the last 10 tokens) with a char-level "
         "tokenizer there (seeded by `job.seed`). Null: the directory must already exist.",
     )
 

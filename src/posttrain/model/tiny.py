@@ -2,21 +2,25 @@
 
 Parameter counts (vocabulary of 99 characters/specials, tied input/output embeddings):
 
-========  ======  ======  =====  =====  =====  ============
-preset    hidden  layers  heads  kv     ffn    parameters
-========  ======  ======  =====  =====  =====  ============
-tiny      48      3       4      4      160    101,856
-small     512     8       8      8      1376   25,356,288
-arith     32      2       4      4      128    34,336
-arith_tools 64    2       4      4      256    135,232
-========  ======  ======  =====  =====  =====  ============
+===========  ======  ======  =====  =====  =====  ======  ============
+preset       hidden  layers  heads  kv     ffn    window  parameters
+===========  ======  ======  =====  =====  =====  ======  ============
+tiny         48      3       4      4      160    -       101,856
+small        512     8       8      8      1376   -       25,356,288
+arith        32      2       4      4      128    -       34,336
+arith_tools  64      2       4      4      256    10      135,232
+===========  ======  ======  =====  =====  =====  ======  ============
 
 ``arith`` is the arithmetic demo's model: the 22-token arithmetic alphabet (digits, operators,
 ``=``, space and the specials) and untied embeddings. Sampling from random weights over 22
 tokens rather than 99 finds well-formed numbers far more often, which is what lets RL from scratch
 get going. ``arith_tools`` is the tools demo's (``make demo-tools``): that alphabet plus the
 letters and newline of the tools chat template's roles (``U:``, ``A:``), the four tool-call
-markers as single tokens, and that template.
+markers as single tokens, and that template. Its layers attend to the last 10 tokens only (a
+Mistral: Llama layers with a sliding window): copying the calculator's result into the answer,
+9 tokens later, is then found by RL in a few hundred steps; with attention over the whole
+~34-token trajectory it was not found in 900 (measured with the answer turn's context as a
+prompt: docs/guides/tools.md).
 
 (exact numbers: ``count_parameters`` on a built model; the tests pin them.)
 """
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig
 
 from posttrain.fileio import fsync_dir
 from posttrain.model.errors import ModelLoadError
@@ -73,6 +77,8 @@ class TinyPreset:
     tie_word_embeddings: bool = True
     #: The tool-call markers and the tools chat template (:mod:`posttrain.env.chat_template`).
     tools: bool = False
+    #: Each layer attends to this many tokens (a Mistral: the Llama layers with a window).
+    sliding_window: int | None = None
 
 
 #: ``arith_tools``: the arithmetic alphabet plus the tools chat template's roles (``U:``, ``A:``).
@@ -83,18 +89,29 @@ PRESETS: dict[str, TinyPreset] = {
     "small": TinyPreset(512, 8, 8, 8, 1376, 1024),
     "arith": TinyPreset(32, 2, 4, 4, 128, 64, ARITHMETIC_CHARACTERS, tie_word_embeddings=False),
     "arith_tools": TinyPreset(
-        64, 2, 4, 4, 256, 128, TOOLS_ARITHMETIC_CHARACTERS, tie_word_embeddings=False, tools=True
+        64,
+        2,
+        4,
+        4,
+        256,
+        128,
+        TOOLS_ARITHMETIC_CHARACTERS,
+        tie_word_embeddings=False,
+        tools=True,
+        sliding_window=10,
     ),
 }
 
 
-def tiny_config(preset: str) -> LlamaConfig:
-    """The LlamaConfig of a preset, sized to the char-level vocabulary."""
+def tiny_config(preset: str) -> LlamaConfig | MistralConfig:
+    """The config of a preset, sized to the char-level vocabulary: a Llama, or a Mistral (the
+    same layers and parameters) for a preset with a sliding window."""
     if preset not in PRESETS:
         raise ValueError(f"unknown tiny-model preset {preset!r}; choose one of {sorted(PRESETS)}")
     p = PRESETS[preset]
     vocab = char_vocab(p.characters)
-    return LlamaConfig(
+    window = {} if p.sliding_window is None else {"sliding_window": p.sliding_window}
+    return (LlamaConfig if p.sliding_window is None else MistralConfig)(
         vocab_size=len(vocab) + (len(TOOL_MARKERS) if p.tools else 0),
         hidden_size=p.hidden_size,
         num_hidden_layers=p.num_hidden_layers,
@@ -107,6 +124,7 @@ def tiny_config(preset: str) -> LlamaConfig:
         eos_token_id=vocab[EOS],
         tie_word_embeddings=p.tie_word_embeddings,
         attention_dropout=0.0,
+        **window,
     )
 
 
@@ -142,7 +160,7 @@ def build_tiny_model(preset: str, out_dir: str | Path, seed: int = 0) -> Path:
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = LlamaForCausalLM(config)
+            model = AutoModelForCausalLM.from_config(config)
         model.generation_config.pad_token_id = config.pad_token_id
         model.save_pretrained(tmp, safe_serialization=True)
         save_char_tokenizer(preset_tokenizer(preset), tmp)
@@ -159,7 +177,9 @@ def ensure_tiny_model(preset: str, out_dir: str | Path, seed: int = 0) -> bool:
     Runs that start at once (the default recipes share one folder) agree through an exclusive
     lock on a sibling ``.<name>.lock`` file: one builds, the others wait and reuse its folder.
     A folder with this preset's ``config.json`` but no weights (what versions that wrote in place
-    left after a kill) is rebuilt, with a warning; any other incomplete folder is refused.
+    left after a kill) is rebuilt, with a warning; any other incomplete folder is refused. A
+    complete folder of another shape (an older build of a preset that changed) is used, with a
+    warning.
     """
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -169,6 +189,15 @@ def ensure_tiny_model(preset: str, out_dir: str | Path, seed: int = 0) -> bool:
             shutil.rmtree(stale, ignore_errors=True)  # a killed builder's (it held this lock)
         if (out / "config.json").is_file():
             if any((out / name).is_file() for name in WEIGHT_FILES):
+                if not _is_preset(preset, out):  # a trained or custom model is the user's call
+                    log.warning(
+                        "model folder %s is not the %s model model.init_preset=%s builds "
+                        "(another preset, or one built by an older version); using it as it "
+                        "is (delete it to have it rebuilt)",
+                        out,
+                        preset,
+                        preset,
+                    )
                 return False
             if not _is_half_built(preset, out):
                 raise ModelLoadError(
@@ -193,17 +222,26 @@ def ensure_tiny_model(preset: str, out_dir: str | Path, seed: int = 0) -> bool:
         return True
 
 
-def _is_half_built(preset: str, out: Path) -> bool:
-    """Whether ``out`` holds only what a build of ``preset`` writes before its weights."""
+#: The config entries that tell one preset's model from another's.
+_SHAPE_KEYS = (
+    "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size",
+    "sliding_window",
+)  # fmt: skip
+
+
+def _is_preset(preset: str, out: Path) -> bool:
+    """Whether ``out/config.json`` has the shape a build of ``preset`` writes."""
     try:
         saved = json.loads((out / "config.json").read_text())
     except (OSError, ValueError):
         return False
     want = tiny_config(preset).to_dict()
-    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size")
-    if not isinstance(saved, dict) or any(saved.get(k) != want[k] for k in keys):
-        return False
-    return all(p.name in _BUILD_FILES for p in out.iterdir())
+    return isinstance(saved, dict) and all(saved.get(k) == want.get(k) for k in _SHAPE_KEYS)
+
+
+def _is_half_built(preset: str, out: Path) -> bool:
+    """Whether ``out`` holds only what a build of ``preset`` writes before its weights."""
+    return _is_preset(preset, out) and all(p.name in _BUILD_FILES for p in out.iterdir())
 
 
 def _fsync_tree(path: Path) -> None:
