@@ -56,12 +56,16 @@ demo-opd: install
 TOOLS_RUN := outputs/grpo/tools_addition
 NOTOOL_RUN := outputs/grpo/tools_addition_notool
 
+TOOLS_INIT := outputs/models/arith-tools-init
+
 # RL from random weights on three-digit addition with the calculator (multi-turn) and without it
-# (the same recipe, no environment); prints held-out accuracy before/after for both, plots both.
+# (the same recipe, no environment), the two runs side by side (one torch thread each); prints
+# held-out accuracy before/after for both, plots both. The initial model is rebuilt (seed 0).
 demo-tools: install
-	rm -rf $(TOOLS_RUN) $(NOTOOL_RUN)
-	$(BIN)/posttrain grpo --config tools_addition
-	$(BIN)/posttrain grpo --config tools_addition_notool
+	rm -rf $(TOOLS_RUN) $(NOTOOL_RUN) $(TOOLS_INIT)
+	$(BIN)/posttrain grpo --config tools_addition & tools=$$!; \
+	$(BIN)/posttrain grpo --config tools_addition_notool; notool=$$?; \
+	wait $$tools && test $$notool -eq 0
 	$(BIN)/python examples/tools_demo_summary.py $(TOOLS_RUN) $(NOTOOL_RUN)
 	$(BIN)/posttrain plot $(TOOLS_RUN) $(NOTOOL_RUN) --metrics val/accuracy,train/reward_mean --out $(TOOLS_RUN)/vs_notool.png
 

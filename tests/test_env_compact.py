@@ -140,6 +140,30 @@ def test_arithmetic_env_pays_the_first_call_only() -> None:
     assert final.done and final.reward is None
 
 
+def test_arithmetic_env_pays_the_copy_of_a_right_calls_result() -> None:
+    assert arithmetic.ANSWER_CREDIT == 1.0 and arithmetic.STOP_SHARE == 0.2
+    assert arithmetic.answer_credit(" 579", " 579") == pytest.approx(1.0)
+    assert arithmetic.answer_credit(" 578", " 579") == pytest.approx(0.8 * 3 / 4 + 0.2)
+    assert arithmetic.answer_credit(" 57", " 579") == pytest.approx(0.8 * 3 / 4)  # stops early
+    assert arithmetic.answer_credit(" 5799", " 579") == pytest.approx(0.8)  # runs on
+    assert arithmetic.answer_credit("", " 579") == 0.0
+    env = ArithmeticToolEnv()
+    assert env.info_keys == ("tool_calls", "tool_errors", "tool_timeouts", "right_calls",
+                             "answer_chars")  # fmt: skip
+    item = {"prompt": "123+456=", "answer": "579", "a": 123, "b": 456}
+    env.reset(item)
+    call = env.step(assistant("<tool_call>A+U</tool_call>"))
+    assert call.info["right_calls"] == 1 and call.messages[0]["content"] == " 579"
+    answer = env.step(assistant(" 578"))
+    assert answer.done and answer.reward == pytest.approx(0.8 * 3 / 4 + 0.2)
+    assert answer.info["answer_chars"] == 3
+    env.reset(item)  # after a wrong call the answer earns nothing here (the verifier decides)
+    wrong = env.step(assistant("<tool_call>A</tool_call>"))
+    assert wrong.info["right_calls"] == 0 and wrong.messages[0]["content"] == " 123"
+    after = env.step(assistant(" 123"))
+    assert after.done and after.reward is None and "answer_chars" not in after.info
+
+
 def test_arithmetic_env_answers_a_failed_call_with_error_alone() -> None:
     env = ArithmeticToolEnv()
     env.reset({"prompt": "1+2=", "answer": "3", "a": 1, "b": 2})

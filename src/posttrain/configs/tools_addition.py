@@ -1,7 +1,8 @@
 """Three-digit addition with the calculator: the recipe `make demo-tools` trains (and its twin).
 
-A 135k-parameter Llama (preset ``arith_tools``: the arithmetic alphabet, the roles of the tools
-chat template and the tool-call markers as single tokens) starts from random weights. Adding two
+A 135k-parameter Mistral (preset ``arith_tools``: Llama layers that attend to the last 10
+tokens; the arithmetic alphabet, the roles of the tools chat template and the tool-call markers
+as single tokens) starts from random weights. Adding two
 three-digit numbers is out of its reach in the step budget; with the calculator it is a copy
 task. The environment (``posttrain.env.arithmetic``) binds the operands to the names ``A`` and
 ``U``, so the right call is the same for every problem, ``<tool_call>A+U</tool_call>`` (the
@@ -10,15 +11,16 @@ characters) into the answer. Nothing tells the model about the tool; it is found
 alone:
 
 - the environment pays up to 1.0 for the first call (opening it, closing it, a right result, or
-  part of ``A+U``'s characters for a wrong one): a term of the score next to the verifier's
-  (``train/reward_env_mean``);
-- ``digit_match`` pays a little for a final answer whose digits are partly right, the exact
-  verifier 1 for a right one;
-- the KL anchor to the random init, 16 samples per prompt and the optimiser of
-  ``arithmetic_clipped``.
+  part of ``A+U``'s characters for a wrong one) and, after a right call, up to 1.0 for the
+  answer's copy of the result, character by character: a term of the score next to the
+  verifier's (``train/reward_env_mean``); the exact verifier pays 1 for a right answer;
+- the KL anchor to the random init at half ``arithmetic_clipped``'s weight (0.05) and a constant
+  learning rate (the copy is learned after the call, late in the run), 16 samples per prompt and
+  otherwise ``arithmetic_clipped``'s optimiser.
 
 ``tools_addition_notool`` is this recipe without the environment (single-turn answers, the same
-model, rewards on the answer and steps), the baseline the demo compares with.
+model, steps and optimiser), with ``digit_match`` paying for partly right digits in its place,
+the baseline the demo compares with.
 """
 
 from __future__ import annotations
@@ -45,12 +47,14 @@ def build_config() -> PosttrainConfig:
     # the call is 6 tokens with its stop token (<tool_call>A+U</tool_call><eos>), the answer 5
     # (" 579" or "1035", then <eos>); a little more leaves room to explore without being cut
     cfg.rollout.max_tokens = 8
-    cfg.reward.functions = ["posttrain.reward.shaping:digit_match"]
+    cfg.reward.functions = []  # the environment shapes the call and the answer
 
     cfg.env.name = ENVIRONMENT
     cfg.env.max_turns = 2
     cfg.env.max_context = 80
 
+    cfg.rl.kl_beta = 0.05
+    cfg.rl.lr_schedule = "constant"
     cfg.rl.max_steps = 1000
     cfg.rl.eval_every = 100
     cfg.rl.save_every = 1000

@@ -1,7 +1,8 @@
 """``tools_addition`` without the calculator: the baseline of `make demo-tools`.
 
-The same model, task, rewards on the answer, optimiser and step count; no environment, so each
-response is a single-turn answer to ``123+456=`` (``data.prompt_template=plain``).
+The same model, task, optimiser and step count; no environment, so each response is a
+single-turn answer to ``123+456=``, and ``digit_match`` pays for partly right digits in place of
+the environment's shaping (a little for a well-formed number, more for each digit in place).
 """
 
 from __future__ import annotations
@@ -14,4 +15,5 @@ def build_config() -> PosttrainConfig:
     cfg = build_tools_config()
     cfg.job.name = "tools_addition_notool"
     cfg.env.name = ""
+    cfg.reward.functions = ["posttrain.reward.shaping:digit_match"]
     return cfg

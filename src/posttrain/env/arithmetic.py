@@ -18,10 +18,18 @@ The environment's reward (a term of the trajectory's score, next to the verifier
 closing it, plus ``RIGHT_CREDIT`` for a call whose result is the problem's answer (any
 expression: ``U+A`` counts) or, for any other, ``COPY_CREDIT`` times the share of
 ``RIGHT_CALL``'s characters the body gets right, position by position (a failed ``A+`` is the
-step on the way to ``A+U``). A right call earns 1.0; the right final answer earns the
-verifier's 1 on top. The model is never told about the tool or the names (no system turn; a
-prompt is the problem, ``123+456=``); it finds both by reward alone. A failed call is answered
-``error`` alone.
+step on the way to ``A+U``). A right call earns 1.0. The answer turn after a right call earns
+up to ``ANSWER_CREDIT`` more (:func:`answer_credit`: the share of the response's four
+characters it copies, position by position, and a part for stopping right after them), and the
+right final answer the verifier's 1 on top. Nothing pays an answer after a wrong call: paying
+the copy of any result made the policy settle on a wrong call whose result it copied (measured:
+``A`` alone, the first operand). The model is never told about the tool or the names (no system
+turn; a prompt is the problem, ``123+456=``); it finds both by reward alone. A failed call is
+answered ``error`` alone.
+
+``right_calls`` (first calls whose result is the answer) and ``answer_chars`` (characters of
+the result the answer copied) are published as ``train/env/right_calls_mean`` and
+``train/env/answer_chars_mean``.
 """
 
 from __future__ import annotations
@@ -42,6 +50,9 @@ FIRST, SECOND = "A", "U"
 RIGHT_CALL = f"{FIRST}+{SECOND}"
 #: Width the calculator's result is right-aligned to (a sum of two three-digit numbers fits).
 RESULT_WIDTH = 4
+#: Most the answer after a right call earns for copying its result, and the share of it paid
+#: for ending right after the copied characters.
+ANSWER_CREDIT, STOP_SHARE = 1.0, 0.2
 
 
 def call_body(text: str) -> tuple[str, bool] | None:
@@ -62,14 +73,25 @@ def copy_credit(body: str, expression: str) -> float:
     return hits / max(len(body), len(expression))
 
 
+def answer_credit(text: str, result: str) -> float:
+    """In [0, 1]: ``1 - STOP_SHARE`` times the share of ``result``'s characters ``text`` copies
+    position by position, plus ``STOP_SHARE`` when it is as long as ``result``."""
+    hits = sum(a == b for a, b in zip(text, result, strict=False))
+    return (1 - STOP_SHARE) * hits / len(result) + STOP_SHARE * (len(text) == len(result))
+
+
 class ArithmeticToolEnv(ToolsEnv):
-    """The compact calculator with the operands named, no announcement, a shaped first call."""
+    """The compact calculator with the operands named, no announcement, a shaped first call
+    and a shaped copy of its result."""
+
+    info_keys = (*ToolsEnv.info_keys, "right_calls", "answer_chars")
 
     def __init__(self) -> None:
         super().__init__([CALCULATOR], native_tools=True, call_format="compact")
         self._names: dict[str, int] = {}
         self._answer = ""
         self._called = False
+        self._result: str | None = None  # the right call's response, once made
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -92,22 +114,36 @@ class ArithmeticToolEnv(ToolsEnv):
         self._names = {FIRST: int(item["a"]), SECOND: int(item["b"])}
         self._answer = str(item["answer"]).strip()
         self._called = False
+        self._result = None
         return [{"role": "user", "content": str(item["prompt"])}]
 
     def step(self, messages: list[Message]) -> EnvStep:
+        text = str(messages[-1].get("content", ""))
         answer = super().step(messages)
-        call = call_body(str(messages[-1].get("content", "")))
-        if call is None or self._called:
+        call = call_body(text)
+        if call is None:
+            if self._result is None or not answer.done:
+                return answer
+            copied = sum(a == b for a, b in zip(text, self._result, strict=False))
+            info = {**answer.info, "answer_chars": copied}
+            return EnvStep(done=True, reward=ANSWER_CREDIT * answer_credit(text, self._result),
+                           info=info)  # fmt: skip
+        if self._called:
             return answer
         self._called = True
         body, closed = call
         if not body:
             return EnvStep(answer.messages, answer.done, 0.0, answer.info)
-        result = str(answer.messages[0].get("content", "")).strip() if answer.messages else ""
-        right = closed and answer.info.get("tool_errors", 1) == 0 and result == self._answer
+        response = str(answer.messages[0].get("content", "")) if answer.messages else ""
+        ok = answer.info.get("tool_errors", 1) == 0
+        right = closed and ok and response.strip() == self._answer
+        if right:
+            self._result = response
         shape = RIGHT_CREDIT if right else COPY_CREDIT * copy_credit(body, RIGHT_CALL)
         reward = OPEN_CREDIT + CLOSE_CREDIT * closed + shape
-        return EnvStep(answer.messages, answer.done, reward, answer.info)
+        return EnvStep(
+            answer.messages, answer.done, reward, {**answer.info, "right_calls": int(right)}
+        )
 
 
 def arithmetic_tool_environment() -> ArithmeticToolEnv:
