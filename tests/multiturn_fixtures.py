@@ -12,6 +12,16 @@ from posttrain.env.chat_template import build_tools_tokenizer
 from posttrain.model.tokenizer import save_char_tokenizer
 
 
+def _tiny_shape(tok) -> dict:
+    """The size and special ids both test models share."""
+    return dict(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, intermediate_size=64, max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, tie_word_embeddings=False, attention_dropout=0.0,
+    )  # fmt: skip
+
+
 def build_tools_model(out: Path, seed: int = 0, eos_logit: float = 0.5) -> Path:
     """A random tiny Llama whose vocabulary is the tools tokenizer's (char ids + tool markers).
 
@@ -20,13 +30,7 @@ def build_tools_model(out: Path, seed: int = 0, eos_logit: float = 0.5) -> Path:
     everywhere, so turns end at varied lengths.
     """
     tok = build_tools_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, intermediate_size=64, max_position_embeddings=512,
-        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id, tie_word_embeddings=False, attention_dropout=0.0,
-        mlp_bias=True,
-    )  # fmt: skip
+    config = LlamaConfig(**_tiny_shape(tok), mlp_bias=True)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
@@ -49,13 +53,12 @@ def build_sliding_tools_model(out: Path, window: int = 4, seed: int = 0, bias: f
     a cache that drops a row's tokens past its window over columns moves them by ~2e-5."""
     tok = build_tools_tokenizer()
     config = Qwen2Config(
-        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, intermediate_size=64, max_position_embeddings=512,
-        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id, tie_word_embeddings=False, attention_dropout=0.0,
-        use_sliding_window=True, sliding_window=window, max_window_layers=1,
+        **_tiny_shape(tok),
+        use_sliding_window=True,
+        sliding_window=window,
+        max_window_layers=1,
         layer_types=["sliding_attention", "full_attention"],
-    )  # fmt: skip
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
@@ -72,6 +75,22 @@ def build_sliding_tools_model(out: Path, window: int = 4, seed: int = 0, bias: f
     model.save_pretrained(out, safe_serialization=True)
     save_char_tokenizer(tok, out)
     return out
+
+
+def worst_sampler_gap(model, batch) -> float:
+    """Largest |sampler logprob - one unpadded full-sequence forward's| over ``batch``'s policy
+    tokens (the recompute every multi-turn exactness test compares with)."""
+    worst = 0.0
+    with torch.no_grad():
+        for i in range(len(batch)):
+            row = batch.input_ids[i][batch.attention_mask[i].bool()]
+            logp = torch.log_softmax(model(row[None]).logits[0].double(), -1)
+            p = int(batch.attention_mask[i, : batch.prompt_width].sum())
+            at = batch.response_mask[i].nonzero().squeeze(1)
+            full = logp[p + at - 1].gather(1, row[p + at][:, None]).squeeze(1)
+            gap = (full - batch.rollout_logprobs[i, at].double()).abs().max()
+            worst = max(worst, float(gap))
+    return worst
 
 
 class Chatty:

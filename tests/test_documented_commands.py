@@ -64,8 +64,6 @@ SKIPPED = {
     "runs: their teacher is lag_s0_k0's final checkpoint (3,000 steps)",
     "python benchmarks/lag_learning.py outputs/grpo/lag_": "reads the learning check's runs above",
     "python benchmarks/lag_learning.py outputs/opd/lag_opd": "reads the learning check's OPD runs",
-    "python benchmarks/copy_probe.py": "a 1,200-step training (minutes); "
-    "tests/test_copy_probe.py checks its problems, reward and full-attention model",
 }
 #: Command prefix -> (why it cannot run here as written, what runs in its place so that the
 #: commands after it have their inputs).

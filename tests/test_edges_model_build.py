@@ -78,19 +78,29 @@ def test_half_built_folder_of_another_model_is_refused(tmp_path):
     assert not (path / "model.safetensors").exists()
 
 
-def test_complete_folder_of_another_model_is_used_with_a_warning(tmp_path, caplog):
-    path = tiny.build_tiny_model("tiny", tmp_path / "arith-init")  # a whole model, not arith's
+def test_an_older_build_of_the_preset_is_used_with_a_warning(tmp_path, caplog):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from posttrain.model.tokenizer import save_char_tokenizer
+
+    path = tmp_path / "arith-tools-init"  # arith_tools as it was: the same layers, full attention
+    config = tiny.tiny_config("arith_tools").to_dict()
+    for key in ("sliding_window", "model_type"):
+        config.pop(key)
+    LlamaForCausalLM(LlamaConfig(**config)).save_pretrained(path)
+    save_char_tokenizer(tiny.preset_tokenizer("arith_tools"), path)
     with caplog.at_level(logging.WARNING, logger="posttrain"):
-        assert not tiny.ensure_tiny_model("arith", path)  # nothing rebuilt
+        assert not tiny.ensure_tiny_model("arith_tools", path)  # nothing rebuilt
     assert caplog.messages == [
-        f"model folder {path} is not the arith model model.init_preset=arith builds (another "
-        "preset, or one built by an older version); using it as it is (delete it to have it "
-        "rebuilt)"
+        f"model folder {path} holds a arith_tools model built by an older version (another "
+        "architecture); using it as it is (delete it to have it rebuilt)"
     ]
     caplog.clear()
-    own = tiny.build_tiny_model("arith", tmp_path / "ok")
+    other = tiny.build_tiny_model("tiny", tmp_path / "mine")  # another model: the user's choice
+    own = tiny.build_tiny_model("arith_tools", tmp_path / "own")
     with caplog.at_level(logging.WARNING, logger="posttrain"):
-        assert not tiny.ensure_tiny_model("arith", own)
+        assert not tiny.ensure_tiny_model("arith_tools", other)
+        assert not tiny.ensure_tiny_model("arith_tools", own)
     assert caplog.messages == []
 
 

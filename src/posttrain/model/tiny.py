@@ -178,8 +178,8 @@ def ensure_tiny_model(preset: str, out_dir: str | Path, seed: int = 0) -> bool:
     lock on a sibling ``.<name>.lock`` file: one builds, the others wait and reuse its folder.
     A folder with this preset's ``config.json`` but no weights (what versions that wrote in place
     left after a kill) is rebuilt, with a warning; any other incomplete folder is refused. A
-    complete folder of another shape (an older build of a preset that changed) is used, with a
-    warning.
+    complete folder is used as it is, with a warning when it is this preset's shape in an
+    architecture the preset no longer builds (an older version's build).
     """
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -189,13 +189,11 @@ def ensure_tiny_model(preset: str, out_dir: str | Path, seed: int = 0) -> bool:
             shutil.rmtree(stale, ignore_errors=True)  # a killed builder's (it held this lock)
         if (out / "config.json").is_file():
             if any((out / name).is_file() for name in WEIGHT_FILES):
-                if not _is_preset(preset, out):  # a trained or custom model is the user's call
+                if _is_older_build(preset, out):  # any other model is the user's choice
                     log.warning(
-                        "model folder %s is not the %s model model.init_preset=%s builds "
-                        "(another preset, or one built by an older version); using it as it "
-                        "is (delete it to have it rebuilt)",
+                        "model folder %s holds a %s model built by an older version (another "
+                        "architecture); using it as it is (delete it to have it rebuilt)",
                         out,
-                        preset,
                         preset,
                     )
                 return False
@@ -222,21 +220,31 @@ def ensure_tiny_model(preset: str, out_dir: str | Path, seed: int = 0) -> bool:
         return True
 
 
-#: The config entries that tell one preset's model from another's.
-_SHAPE_KEYS = (
-    "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size",
-    "sliding_window",
-)  # fmt: skip
+#: The config entries that tell one preset's model from another's, and those a preset changed
+#: over versions (``arith_tools`` was a full-attention Llama).
+_SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size")
+_ARCHITECTURE_KEYS = ("model_type", "sliding_window")
 
 
-def _is_preset(preset: str, out: Path) -> bool:
-    """Whether ``out/config.json`` has the shape a build of ``preset`` writes."""
+def _saved_config(out: Path) -> dict:
     try:
         saved = json.loads((out / "config.json").read_text())
     except (OSError, ValueError):
-        return False
-    want = tiny_config(preset).to_dict()
-    return isinstance(saved, dict) and all(saved.get(k) == want.get(k) for k in _SHAPE_KEYS)
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def _is_preset(preset: str, out: Path) -> bool:
+    """Whether ``out/config.json`` has the shape and architecture a build of ``preset`` writes."""
+    saved, want = _saved_config(out), tiny_config(preset).to_dict()
+    return all(saved.get(k) == want.get(k) for k in (*_SHAPE_KEYS, *_ARCHITECTURE_KEYS))
+
+
+def _is_older_build(preset: str, out: Path) -> bool:
+    """Whether ``out`` holds ``preset``'s shape in an architecture it no longer builds."""
+    saved, want = _saved_config(out), tiny_config(preset).to_dict()
+    same_shape = all(saved.get(k) == want.get(k) for k in _SHAPE_KEYS)
+    return same_shape and not _is_preset(preset, out)
 
 
 def _is_half_built(preset: str, out: Path) -> bool:
