@@ -31,6 +31,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from posttrain.env.arithmetic import RESULT_WIDTH, answer_credit
+
 CONTEXTS = {
     "short": "{r}=",
     "response": "<tool_response>{r}</tool_response><eos>\nA:",
@@ -40,13 +42,11 @@ CONTEXTS = {
 
 
 def prefix_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
-    """0.8 x the share of the right-aligned number's characters copied, 0.2 for its length;
-    0 for the exact answer (the verifier pays it)."""
-    target = answer.rjust(4)
+    """The demo environment's answer credit (0.8 x the share of the right-aligned number's
+    characters copied, 0.2 for its length); 0 for the exact answer (the verifier pays it)."""
     if completion.strip() == answer:
         return 0.0
-    hits = sum(a == b for a, b in zip(completion, target, strict=False))
-    return 0.8 * hits / 4 + 0.2 * (len(completion) == 4)
+    return answer_credit(completion, answer.rjust(RESULT_WIDTH))
 
 
 def write_problems(context: str, out: Path, seed: int = 2) -> None:

@@ -40,6 +40,7 @@ from posttrain.env.base import EnvStep, Message
 from posttrain.env.calculator import bind_names
 from posttrain.env.runner import Outcome
 from posttrain.env.tools import CALCULATOR, CALL_CLOSE, CALL_OPEN, ToolCall, ToolsEnv
+from posttrain.reward.shaping import matching_chars
 
 #: The environment's reward for opening a call, for closing it, for each share of
 #: ``RIGHT_CALL``'s characters in a wrong one, and for a right call.
@@ -69,15 +70,14 @@ def copy_credit(body: str, expression: str) -> float:
     """Share of ``expression``'s characters ``body`` matches position by position, in [0, 1]."""
     if not expression:
         return 0.0
-    hits = sum(a == b for a, b in zip(body, expression, strict=False))
-    return hits / max(len(body), len(expression))
+    return matching_chars(body, expression) / max(len(body), len(expression))
 
 
 def answer_credit(text: str, result: str) -> float:
     """In [0, 1]: ``1 - STOP_SHARE`` times the share of ``result``'s characters ``text`` copies
     position by position, plus ``STOP_SHARE`` when it is as long as ``result``."""
-    hits = sum(a == b for a, b in zip(text, result, strict=False))
-    return (1 - STOP_SHARE) * hits / len(result) + STOP_SHARE * (len(text) == len(result))
+    share = matching_chars(text, result) / len(result)
+    return (1 - STOP_SHARE) * share + STOP_SHARE * (len(text) == len(result))
 
 
 class ArithmeticToolEnv(ToolsEnv):
@@ -124,8 +124,7 @@ class ArithmeticToolEnv(ToolsEnv):
         if call is None:
             if self._result is None or not answer.done:
                 return answer
-            copied = sum(a == b for a, b in zip(text, self._result, strict=False))
-            info = {**answer.info, "answer_chars": copied}
+            info = {**answer.info, "answer_chars": matching_chars(text, self._result)}
             return EnvStep(done=True, reward=ANSWER_CREDIT * answer_credit(text, self._result),
                            info=info)  # fmt: skip
         if self._called:

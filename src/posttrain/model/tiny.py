@@ -226,25 +226,24 @@ _SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_s
 _ARCHITECTURE_KEYS = ("model_type", "sliding_window")
 
 
-def _saved_config(out: Path) -> dict:
+def _matches(preset: str, out: Path, keys: tuple[str, ...]) -> bool:
+    """Whether ``out/config.json`` has the values a build of ``preset`` writes under ``keys``."""
     try:
         saved = json.loads((out / "config.json").read_text())
     except (OSError, ValueError):
-        return {}
-    return saved if isinstance(saved, dict) else {}
+        return False
+    want = tiny_config(preset).to_dict()
+    return isinstance(saved, dict) and all(saved.get(k) == want.get(k) for k in keys)
 
 
 def _is_preset(preset: str, out: Path) -> bool:
     """Whether ``out/config.json`` has the shape and architecture a build of ``preset`` writes."""
-    saved, want = _saved_config(out), tiny_config(preset).to_dict()
-    return all(saved.get(k) == want.get(k) for k in (*_SHAPE_KEYS, *_ARCHITECTURE_KEYS))
+    return _matches(preset, out, (*_SHAPE_KEYS, *_ARCHITECTURE_KEYS))
 
 
 def _is_older_build(preset: str, out: Path) -> bool:
     """Whether ``out`` holds ``preset``'s shape in an architecture it no longer builds."""
-    saved, want = _saved_config(out), tiny_config(preset).to_dict()
-    same_shape = all(saved.get(k) == want.get(k) for k in _SHAPE_KEYS)
-    return same_shape and not _is_preset(preset, out)
+    return _matches(preset, out, _SHAPE_KEYS) and not _matches(preset, out, _ARCHITECTURE_KEYS)
 
 
 def _is_half_built(preset: str, out: Path) -> bool:

@@ -50,6 +50,12 @@ def unmarked_answer_credit(prompt: str, completion: str, answer: str, meta: dict
     return UNMARKED_CREDIT if last_number(completion) == answer.strip() else 0.0
 
 
+def matching_chars(text: str, target: str) -> int:
+    """How many of ``text``'s characters equal ``target``'s at the same position (the count
+    every positional copy credit is built on)."""
+    return sum(a == b for a, b in zip(text, target, strict=False))
+
+
 def digit_match(prompt: str, completion: str, answer: str, meta: dict) -> float:
     """0.1 for a well-formed integer, plus up to 0.2 for the share of the answer's digits it
     writes right, position by position from the left (extra or missing digits count as wrong).
@@ -66,5 +72,4 @@ def digit_match(prompt: str, completion: str, answer: str, meta: dict) -> float:
         int(text)
     except ValueError:
         return 0.0
-    hits = sum(a == b for a, b in zip(text, gold, strict=False))
-    return 0.1 + 0.2 * hits / max(len(text), len(gold))
+    return 0.1 + 0.2 * matching_chars(text, gold) / max(len(text), len(gold))
