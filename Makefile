@@ -55,19 +55,25 @@ demo-opd: install
 
 TOOLS_RUN := outputs/grpo/tools_addition
 NOTOOL_RUN := outputs/grpo/tools_addition_notool
+TOOLS_DEMO := outputs/grpo/tools_demo
 
 TOOLS_INIT := outputs/models/arith-tools-init
 
 # RL from random weights on three-digit addition with the calculator (multi-turn) and without it
-# (the same recipe, no environment), the two runs side by side (one torch thread each); prints
+# (the same recipes, no environment), the two sides side by side (one torch thread each), each in
+# two stages: stage 2 continues from stage 1's final model, which becomes its KL anchor. Prints
 # held-out accuracy before/after for both, plots both. The initial model is rebuilt (seed 0).
 demo-tools: install
-	rm -rf $(TOOLS_RUN) $(NOTOOL_RUN) $(TOOLS_INIT)
-	$(BIN)/posttrain grpo --config tools_addition & tools=$$!; \
-	$(BIN)/posttrain grpo --config tools_addition_notool; notool=$$?; \
+	rm -rf $(TOOLS_RUN) $(TOOLS_RUN)_stage2 $(NOTOOL_RUN) $(NOTOOL_RUN)_stage2 $(TOOLS_DEMO) $(TOOLS_INIT)
+	($(BIN)/posttrain grpo --config tools_addition && \
+	 $(BIN)/posttrain grpo --config tools_addition_stage2) & tools=$$!; \
+	$(BIN)/posttrain grpo --config tools_addition_notool && \
+	$(BIN)/posttrain grpo --config tools_addition_notool_stage2; notool=$$?; \
 	wait $$tools && test $$notool -eq 0
-	$(BIN)/python examples/tools_demo_summary.py $(TOOLS_RUN) $(NOTOOL_RUN)
-	$(BIN)/posttrain plot $(TOOLS_RUN) $(NOTOOL_RUN) --metrics val/accuracy,train/reward_mean --out $(TOOLS_RUN)/vs_notool.png
+	$(BIN)/python examples/tools_demo_summary.py --with $(TOOLS_RUN) $(TOOLS_RUN)_stage2 \
+		--without $(NOTOOL_RUN) $(NOTOOL_RUN)_stage2 --joined $(TOOLS_DEMO)
+	$(BIN)/posttrain plot $(TOOLS_DEMO)/with_calculator $(TOOLS_DEMO)/without \
+		--metrics val/accuracy,train/reward_mean --out $(TOOLS_DEMO)/vs_notool.png
 
 # Every GRPO-family surrogate variant on one seeded batch, as a table (no training).
 loss-table: install

@@ -1,16 +1,21 @@
 """Held-out accuracy before and after training, with the calculator and without it.
 
-    python examples/tools_demo_summary.py TOOLS_RUN_DIR NO_TOOL_RUN_DIR
+    python examples/tools_demo_summary.py --with STAGE1_DIR STAGE2_DIR \\
+        --without STAGE1_DIR STAGE2_DIR [--joined DIR]
 
-``make demo-tools`` trains both from the same random ``arith_tools`` model, seed and step count.
-Prints each run's held-out accuracy (greedy) at its first and last evaluation, the tool calls per
-held-out problem of the tools run, the steps and the training time, then whether the demo's
-target holds: >= 0.9 with the tool, <= 0.3 without.
+``make demo-tools`` trains each side in two stages from the same random ``arith_tools`` model,
+seed and step counts (stage 2 starts from stage 1's final model). Prints each side's held-out
+accuracy (greedy) at its first stage's first evaluation and its last stage's last one, the tool
+calls per held-out problem, the steps and the training time of all stages, then whether the
+demo's target holds: >= 0.9 with the tool, <= 0.3 without. ``--joined DIR`` writes each side's
+stages as one run, the later stages' steps counted on from the earlier ones'
+(``DIR/with_calculator/metrics.jsonl`` and ``DIR/without/metrics.jsonl``), for ``posttrain plot``.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import json
 from pathlib import Path
 
 from posttrain.metrics.plot import read_metrics
@@ -18,12 +23,23 @@ from posttrain.metrics.plot import read_metrics
 WITH_TOOL, WITHOUT_TOOL = 0.9, 0.3
 
 
-def summary(run_dir: str) -> dict[str, float]:
-    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
+def joined(stage_dirs: list[str]) -> list[dict]:
+    """The stages' records as one run: each stage's steps after the previous stages' last; a
+    later stage's step-0 evaluation (the previous stage's final model again) is left out."""
+    rows, offset = [], 0
+    for i, run_dir in enumerate(stage_dirs):
+        records = read_metrics(Path(run_dir) / "metrics.jsonl")
+        steps = [r for r in records if "time/step_s" in r]
+        if not steps or not any("val/accuracy" in r for r in records):
+            raise SystemExit(f"{run_dir}: no evaluations or steps in metrics.jsonl; train it first")
+        rows += [{**r, "step": r["step"] + offset} for r in records if i == 0 or r["step"] > 0]
+        offset += int(steps[-1]["step"])
+    return rows
+
+
+def summary(rows: list[dict]) -> dict[str, float]:
     evals = [r for r in rows if "val/accuracy" in r]
     steps = [r for r in rows if "time/step_s" in r]
-    if not evals or not steps:
-        raise SystemExit(f"{run_dir}: no evaluations or steps in metrics.jsonl; train it first")
     return {
         "before": float(evals[0]["val/accuracy"]),
         "after": float(evals[-1]["val/accuracy"]),
@@ -33,8 +49,14 @@ def summary(run_dir: str) -> dict[str, float]:
     }
 
 
-def main(tools_dir: str, plain_dir: str) -> None:
-    tools, plain = summary(tools_dir), summary(plain_dir)
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--with", dest="tools", nargs="+", required=True, metavar="RUN_DIR")
+    ap.add_argument("--without", dest="plain", nargs="+", required=True, metavar="RUN_DIR")
+    ap.add_argument("--joined", metavar="DIR")
+    args = ap.parse_args()
+    sides = {"with_calculator": joined(args.tools), "without": joined(args.plain)}
+    tools, plain = summary(sides["with_calculator"]), summary(sides["without"])
     print(f"{'run':<24} {'steps':>6} {'train s':>8} {'before':>7} {'after':>6} {'calls':>6}")
     for name, s in (("with the calculator", tools), ("without it", plain)):
         print(f"{name:<24} {s['steps']:>6} {s['train_s']:>8.0f} {s['before']:>7.2f} "
@@ -42,7 +64,12 @@ def main(tools_dir: str, plain_dir: str) -> None:
     held = tools["after"] >= WITH_TOOL and plain["after"] <= WITHOUT_TOOL
     print(f"target (>= {WITH_TOOL} with the tool, <= {WITHOUT_TOOL} without): "
           f"{'met' if held else 'missed'}")  # fmt: skip
+    if args.joined:
+        for name, rows in sides.items():
+            out = Path(args.joined) / name
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main()

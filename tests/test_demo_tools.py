@@ -37,13 +37,13 @@ def test_arith_tools_preset_has_markers_and_a_prefix_stable_template(tmp_path) -
     check_template(tok, [])
 
 
-def _train(tmp: Path, recipe: str) -> Path:
+def _train(tmp: Path, recipe: str, model: Path) -> Path:
     from posttrain.config import load_config
     from posttrain.config.build import build_objective
     from posttrain.entrypoints import grpo
 
     opts = {
-        "job.output_root": str(tmp / "out"), "model.name_or_path": str(tmp / "model"),
+        "job.output_root": str(tmp / "out"), "model.name_or_path": str(model),
         "data.train_size": 32, "data.val_size": 4, "data.prompts_per_step": 2, "rollout.n": 4,
         "rl.max_steps": 2, "rl.save_every": 2, "rl.eval_every": 2, "rl.micro_batch_size": 8,
         "logging.progress": False,
@@ -54,22 +54,50 @@ def _train(tmp: Path, recipe: str) -> Path:
     return Path(summary["run_dir"])
 
 
+def test_stage2_continues_from_stage1_s_final_model() -> None:
+    from posttrain.config import load_config
+    from posttrain.configs.tools_addition import STAGE1_STEPS, STAGE2_STEPS
+
+    for stage1 in ("tools_addition", "tools_addition_notool"):
+        first, second = load_config(stage1), load_config(f"{stage1}_stage2")
+        assert second.model.name_or_path == f"outputs/grpo/{stage1}/final_model"
+        assert (second.model.init_preset, second.job.name) == (None, f"{stage1}_stage2")
+        assert (first.rl.max_steps, second.rl.max_steps) == (STAGE1_STEPS, STAGE2_STEPS)
+        # nothing else differs: the environment, rewards and optimiser are stage 1's
+        assert second.env == first.env and second.reward == first.reward
+        assert second.rl.model_copy(update={"max_steps": 0, "save_every": 0}) == (
+            first.rl.model_copy(update={"max_steps": 0, "save_every": 0})
+        )
+
+
 def test_the_demo_recipes_train_and_summarise(tmp_path) -> None:
-    tools = _train(tmp_path, "tools_addition")
-    plain = _train(tmp_path, "tools_addition_notool")
-    rows = [json.loads(r) for r in (tools / "metrics.jsonl").read_text().splitlines()]
+    sides = {}
+    for stage1 in ("tools_addition", "tools_addition_notool"):
+        first = _train(tmp_path, stage1, tmp_path / "model")
+        sides[stage1] = [first, _train(tmp_path, f"{stage1}_stage2", first / "final_model")]
+    tools, plain = sides["tools_addition"], sides["tools_addition_notool"]
+    rows = [json.loads(r) for r in (tools[1] / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
     assert len(steps) == 2 and all("train/reward_env_mean" in r for r in steps)
     assert "val/env/tool_calls_mean" in rows[-1]
-    plain_rows = [json.loads(r) for r in (plain / "metrics.jsonl").read_text().splitlines()]
+    plain_rows = [json.loads(r) for r in (plain[1] / "metrics.jsonl").read_text().splitlines()]
     assert not any("train/reward_env_mean" in r for r in plain_rows)  # no environment
+    joined = tmp_path / "joined"
     out = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "tools_demo_summary.py"), str(tools), str(plain)],
+        [sys.executable, str(REPO / "examples" / "tools_demo_summary.py"), "--with", *map(str, tools),
+         "--without", *map(str, plain), "--joined", str(joined)],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     lines = out.stdout.splitlines()
     assert lines[1].startswith("with the calculator") and lines[2].startswith("without it")
+    assert lines[1].split()[3] == "4"  # the two stages' steps
     assert lines[-1].startswith("target (>= 0.9 with the tool, <= 0.3 without): ")
+    for side in ("with_calculator", "without"):
+        records = [
+            json.loads(r) for r in (joined / side / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4]
+        assert [r["step"] for r in records if "val/accuracy" in r] == [0, 2, 4]
 
 
 def test_exact_digits_draws_operands_of_that_many_digits() -> None:

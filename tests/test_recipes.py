@@ -19,6 +19,8 @@ EXPECTED_WARNINGS = {
     "smollm2_calculator": [],
     "tools_addition": [],
     "tools_addition_notool": [],
+    "tools_addition_stage2": [],
+    "tools_addition_notool_stage2": [],
     "arithmetic_clipped": [],
     "opd_arithmetic": [],
     "dpo_shapes": [],

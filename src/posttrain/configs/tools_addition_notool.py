@@ -3,6 +3,8 @@
 The same model, task, optimiser and step count; no environment, so each response is a
 single-turn answer to ``123+456=``, and ``digit_match`` pays for partly right digits in place of
 the environment's shaping (a little for a well-formed number, more for each digit in place).
+This is stage 1; ``tools_addition_notool_stage2`` continues it from its final model, as
+``tools_addition_stage2`` continues ``tools_addition``.
 """
 
 from __future__ import annotations

@@ -29,8 +29,18 @@ def write_resolved_config(config: PosttrainConfig, run_dir: Path) -> None:
     atomic_write_text(run_dir / "config.yaml", to_yaml(config))
 
 
+#: The Hugging Face folder a run exports its final policy to, inside the run directory.
+FINAL_DIR = "final_model"
+
+
 def default_out_dir(config: PosttrainConfig) -> Path:
     return Path(config.job.output_root) / config.job.algorithm / config.job.name
+
+
+def final_model_dir(config: PosttrainConfig) -> Path:
+    """Where a run of ``config`` in its default directory leaves its final model (torch-free,
+    so a recipe can name another run's output)."""
+    return default_out_dir(config) / FINAL_DIR
 
 
 def encode_prompts(items: Sequence[TaskItem], data: DataConfig, tokenizer) -> list[list[int]]:

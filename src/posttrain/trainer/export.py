@@ -33,12 +33,12 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from posttrain.fileio import fsync_dir
+from posttrain.run.records import FINAL_DIR
 from posttrain.trainer.dcp import hf_from_dcp, is_sharded_checkpoint, lora_scale, write_layers
 from posttrain.trainer.errors import CheckpointError
 from posttrain.trainer.manifest import verify
 from posttrain.trainer.model_io import ADAPTER_FILE, INDEX_FILE, SINGLE_FILE
 
-FINAL_DIR = "final_model"
 MARKER = "posttrain_export.json"
 _PEFT_PREFIX = "base_model.model."
 
