@@ -28,10 +28,12 @@ def joined(stage_dirs: list[str]) -> list[dict]:
     later stage's step-0 evaluation (the previous stage's final model again) is left out."""
     rows, offset = [], 0
     for i, run_dir in enumerate(stage_dirs):
-        records = read_metrics(Path(run_dir) / "metrics.jsonl")
+        path = Path(run_dir) / "metrics.jsonl"
+        records = read_metrics(path) if path.is_file() else []
         steps = [r for r in records if "time/step_s" in r]
-        if not steps or not any("val/accuracy" in r for r in records):
-            raise SystemExit(f"{run_dir}: no evaluations or steps in metrics.jsonl; train it first")
+        if not steps or not any("val/accuracy" in r and r["step"] > 0 for r in records):
+            raise SystemExit(f"{run_dir}: no steps or no evaluation after training in "
+                             "metrics.jsonl; train it first")  # fmt: skip
         rows += [{**r, "step": r["step"] + offset} for r in records if i == 0 or r["step"] > 0]
         offset += int(steps[-1]["step"])
     return rows

@@ -13,6 +13,7 @@ from posttrain.env.render import check_template
 from posttrain.model.loading import load_tokenizer
 from posttrain.model.tiny import build_tiny_model
 from posttrain.reward.shaping import digit_match
+from posttrain.run.records import FINAL_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,7 +75,7 @@ def test_the_demo_recipes_train_and_summarise(tmp_path) -> None:
     sides = {}
     for stage1 in ("tools_addition", "tools_addition_notool"):
         first = _train(tmp_path, stage1, tmp_path / "model")
-        sides[stage1] = [first, _train(tmp_path, f"{stage1}_stage2", first / "final_model")]
+        sides[stage1] = [first, _train(tmp_path, f"{stage1}_stage2", first / FINAL_DIR)]
     tools, plain = sides["tools_addition"], sides["tools_addition_notool"]
     rows = [json.loads(r) for r in (tools[1] / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
@@ -110,3 +111,16 @@ def test_exact_digits_draws_operands_of_that_many_digits() -> None:
     assert not {it.prompt for it in src.val_items()} & {it.prompt for it in src._train}
     assert arithmetic_space(3, "+", exact_digits=True) == 900**2
     assert arithmetic_space(1, "+", exact_digits=True) == 100  # one digit: 0..9 either way
+
+
+def test_the_summary_names_a_stage_not_trained_yet(tmp_path) -> None:
+    missing = tmp_path / "tools_addition_stage2"
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "tools_demo_summary.py"), "--with", str(missing),
+         "--without", str(missing)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert out.stderr.strip() == (
+        f"{missing}: no steps or no evaluation after training in metrics.jsonl; train it first"
+    )

@@ -19,7 +19,8 @@ from posttrain.config import ConfigError, load_config
 from posttrain.config.build import build_objective
 from posttrain.entrypoints import grpo
 from posttrain.model.tiny import build_tiny_model
-from posttrain.trainer.export import FINAL_DIR, MARKER, export_hf, exported_step
+from posttrain.run.records import FINAL_DIR
+from posttrain.trainer.export import MARKER, export_hf, exported_step
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 2

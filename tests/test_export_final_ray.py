@@ -18,7 +18,7 @@ from posttrain.config import load_config  # noqa: E402
 from posttrain.config.build import build_objective  # noqa: E402
 from posttrain.entrypoints import grpo  # noqa: E402
 from posttrain.model.tiny import build_tiny_model  # noqa: E402
-from posttrain.trainer.export import FINAL_DIR  # noqa: E402
+from posttrain.run.records import FINAL_DIR  # noqa: E402
 
 
 def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:

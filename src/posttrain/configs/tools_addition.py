@@ -75,7 +75,10 @@ def stage2(stage1: PosttrainConfig) -> PosttrainConfig:
     """A stage-1 config made its stage 2 (in place): the same recipe from that run's final model
     for ``STAGE2_STEPS`` more steps. The KL anchor is the initial model, so it becomes the stage-1
     policy, one that calls right (a reference reset, as ProRL does periodically); anchored to
-    the random init, the copy was not learned in 1,200 steps (docs/guides/tools.md)."""
+    the random init, the copy was not learned in 1,200 steps (docs/guides/tools.md). The seed is
+    stage 1's, so stage 2 draws the same prompts in the same order; the model path is stage 1's
+    default run directory (``job.output_root`` as the recipe sets it; override
+    ``model.name_or_path`` for a stage 1 run elsewhere)."""
     stage1.model.name_or_path = str(final_model_dir(stage1))
     stage1.model.init_preset = None
     stage1.job.name = f"{stage1.job.name}_stage2"

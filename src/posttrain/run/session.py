@@ -130,7 +130,8 @@ class RunSession:
         (``current``: a finished run's step, whose export is redone only if missing or older)."""
         if not self.config.checkpoint.export_final or checkpoint is None:
             return summary
-        from posttrain.trainer.export import FINAL_DIR, export_final, exported_step
+        from posttrain.run.records import FINAL_DIR
+        from posttrain.trainer.export import export_final, exported_step
 
         if current is None or exported_step(run_dir / FINAL_DIR) != current:
             log.info("exporting %s to %s", checkpoint, run_dir / FINAL_DIR)
