@@ -18,6 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
+from posttrain.fileio import atomic_write_text
 from posttrain.metrics.plot import read_metrics
 
 WITH_TOOL, WITHOUT_TOOL = 0.9, 0.3
@@ -70,7 +71,7 @@ def main() -> None:
         for name, rows in sides.items():
             out = Path(args.joined) / name
             out.mkdir(parents=True, exist_ok=True)
-            (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
 
 
 if __name__ == "__main__":
