@@ -301,7 +301,7 @@ class CheckpointManager:
         dp.barrier()
         if dp.rank() == 0:
             for path in skipped:
-                self._quarantine(path)
+                self.set_aside(path)
         if chosen is None:
             if skipped:
                 raise ResumeError(
@@ -324,7 +324,9 @@ class CheckpointManager:
             )
             shutil.rmtree(p)
 
-    def _quarantine(self, path: Path) -> None:
+    def set_aside(self, path: Path) -> None:
+        """Move a checkpoint that does not verify aside as ``.corrupt-step_*`` (with a warning):
+        never deleted, never again a resume candidate."""
         target = self.root / f".corrupt-{path.name}"
         n = 1
         while target.exists():
