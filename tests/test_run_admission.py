@@ -135,3 +135,38 @@ def test_a_finished_run_whose_only_checkpoint_is_damaged_is_refused_in_one_line(
     msg = str(e.value)
     assert "final checkpoint under" in msg and "no earlier one is left" in msg
     assert "\n" not in msg and (run / "checkpoints" / ".corrupt-step_00000009").is_dir()
+
+
+def test_placement_may_change_on_resume(tmp_path):
+    """Rank count, sharding and backend are where the steps run: a checkpoint of 2 FSDP Ray
+    ranks resumes on 1 local process, and one of 1 local process on 2 replicated Ray ranks."""
+    ray2 = ("placement.backend=ray", "placement.policy_ranks=2", "placement.policy_sharding=fsdp")
+    run = finished_run(tmp_path / "a", 9, *ray2)
+    (run / "checkpoints" / "step_00000009" / "dcp").mkdir()  # a sharded checkpoint's layout
+    assert admit(config("rl.max_steps=20"), run).start == 9
+    run = finished_run(tmp_path / "b")
+    replicated = ("placement.backend=ray", "placement.policy_ranks=2")
+    assert admit(config("rl.max_steps=20", *replicated), run).start == 9
+
+
+def test_a_replicated_checkpoint_into_sharded_ranks_is_refused_in_one_line(tmp_path):
+    run = finished_run(tmp_path)
+    sharded = ("placement.backend=ray", "placement.policy_sharding=fsdp")
+    with pytest.raises(ResumeError) as e:
+        admit(config("rl.max_steps=20", *sharded), run)
+    msg = str(e.value)
+    assert "step_00000009 is a replicated checkpoint" in msg and "cannot be resharded" in msg
+    assert "resume it with placement.policy_sharding=none" in msg and "\n" not in msg
+
+
+def test_a_refused_config_change_is_one_line_never_cut(tmp_path):
+    """The refusal names the key and both values; with a long run path it still fits the one
+    line a user error gets (it listed every allowed key before, and its end was cut)."""
+    from posttrain.run.guard import one_line
+
+    run = finished_run(tmp_path / ("deep" * 40))
+    with pytest.raises(ResumeError) as e:
+        admit(config("rl.lr=0.5"), run)
+    msg = str(e.value)
+    assert "rl.lr: checkpoint=" in msg and "now=0.5" in msg
+    assert one_line(msg) == msg and "characters cut" not in one_line(msg)

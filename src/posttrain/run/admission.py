@@ -39,7 +39,7 @@ from posttrain.config import PosttrainConfig, to_dict
 from posttrain.config.serialize import parse_yaml
 from posttrain.fileio import atomic_write_text
 from posttrain.run.fingerprint import changed_inputs, fingerprints
-from posttrain.trainer.checkpoint import CheckpointManager
+from posttrain.trainer.checkpoint import CheckpointManager, refuse_unloadable
 from posttrain.trainer.compat import RESUME_MUTABLE_KEYS, check_resume_compatible, differing_keys
 from posttrain.trainer.errors import ResumeError
 from posttrain.trainer.manifest import CorruptCheckpointError, verify
@@ -76,6 +76,7 @@ def admit(config: PosttrainConfig, run_dir: Path) -> Admission:
     if newest is not None:
         step, path, meta = newest
         check_resume_compatible(str(path), {}, {}, meta["config"], current, RESUME_MUTABLE_KEYS)
+        refuse_unloadable(path, config.placement.policy_sharding == "fsdp")
         _refuse_changed_inputs(config, run_dir, path)
         if config.rl.max_steps < step:
             raise ResumeError(
