@@ -198,3 +198,16 @@ def test_model_export_takes_any_checkpoint_and_refuses_a_used_folder(runs, tmp_p
     err = capsys.readouterr().err.strip()
     assert "already exists and is not empty" in err and "\n" not in err
     assert export_hf(ckpt, tmp_path / "hf", replace=True) == tmp_path / "hf"
+
+
+def test_model_export_of_a_missing_checkpoint_says_it_is_missing(runs, tmp_path, capsys):
+    """A well-formed ``step_NNNNNNNN`` name whose folder is gone is reported as missing (with the
+    checkpoints that are there), not as a badly named directory."""
+    from posttrain.model.cli import main
+
+    gone = runs["full"] / "checkpoints" / "step_00000099"
+    assert main(["export", str(gone), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{gone} does not exist" in err, err
+    assert f"holds the complete checkpoints step_{STEPS:08d}" in err, err
+    assert "step_NNNNNNNN" not in err and not (tmp_path / "hf").exists()

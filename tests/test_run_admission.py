@@ -13,6 +13,7 @@ from posttrain.config import load_config, to_dict, to_yaml
 from posttrain.run.admission import admit, record_inputs
 from posttrain.run.fingerprint import FULL_HASH_LIMIT, fingerprint
 from posttrain.trainer.errors import ResumeError
+from posttrain.trainer.manifest import write_manifest
 
 
 def config(*opts: str):
@@ -26,7 +27,7 @@ def finished_run(tmp: Path, step: int = 9, *opts: str) -> Path:
     ckpt = run / "checkpoints" / f"step_{step:08d}"
     ckpt.mkdir(parents=True)
     (ckpt / "meta.json").write_text(json.dumps({"step": step, "config": to_dict(cfg)}))
-    (ckpt / "COMPLETE").write_text(f"{step}\nabc\n")
+    write_manifest(ckpt, step)  # verifies: a finished run's final checkpoint is checked
     (run / "config.yaml").write_text(to_yaml(cfg))
     (run / "metrics.jsonl").write_text("".join(f'{{"step": {s}}}\n' for s in range(step + 1)))
     (run / "samples").mkdir()
@@ -120,3 +121,52 @@ def test_large_files_are_fingerprinted_by_size_mtime_and_head(tmp_path):
         f.truncate(FULL_HASH_LIMIT + 1)
     assert set(fingerprint(small)) == {"path", "size", "sha256"}
     assert set(fingerprint(big)) == {"path", "size", "mtime_ns", "head_sha256"}
+
+
+def test_a_finished_run_whose_only_checkpoint_is_damaged_is_refused_in_one_line(tmp_path):
+    run = finished_run(tmp_path)
+    ckpt = run / "checkpoints" / "step_00000009"
+    (ckpt / "meta.json").write_text((ckpt / "meta.json").read_text() + " ")
+    with (
+        pytest.warns(UserWarning, match="moved the damaged checkpoint"),
+        pytest.raises(ResumeError) as e,
+    ):
+        admit(config(), run)
+    msg = str(e.value)
+    assert "final checkpoint under" in msg and "no earlier one is left" in msg
+    assert "\n" not in msg and (run / "checkpoints" / ".corrupt-step_00000009").is_dir()
+
+
+def test_placement_may_change_on_resume(tmp_path):
+    """Rank count, sharding and backend are where the steps run: a checkpoint of 2 FSDP Ray
+    ranks resumes on 1 local process, and one of 1 local process on 2 replicated Ray ranks."""
+    ray2 = ("placement.backend=ray", "placement.policy_ranks=2", "placement.policy_sharding=fsdp")
+    run = finished_run(tmp_path / "a", 9, *ray2)
+    (run / "checkpoints" / "step_00000009" / "dcp").mkdir()  # a sharded checkpoint's layout
+    assert admit(config("rl.max_steps=20"), run).start == 9
+    run = finished_run(tmp_path / "b")
+    replicated = ("placement.backend=ray", "placement.policy_ranks=2")
+    assert admit(config("rl.max_steps=20", *replicated), run).start == 9
+
+
+def test_a_replicated_checkpoint_into_sharded_ranks_is_refused_in_one_line(tmp_path):
+    run = finished_run(tmp_path)
+    sharded = ("placement.backend=ray", "placement.policy_sharding=fsdp")
+    with pytest.raises(ResumeError) as e:
+        admit(config("rl.max_steps=20", *sharded), run)
+    msg = str(e.value)
+    assert "step_00000009 is a replicated checkpoint" in msg and "cannot be resharded" in msg
+    assert "resume it with placement.policy_sharding=none" in msg and "\n" not in msg
+
+
+def test_a_refused_config_change_is_one_line_never_cut(tmp_path):
+    """The refusal names the key and both values; with a long run path it still fits the one
+    line a user error gets (it listed every allowed key before, and its end was cut)."""
+    from posttrain.run.guard import one_line
+
+    run = finished_run(tmp_path / ("deep" * 40))
+    with pytest.raises(ResumeError) as e:
+        admit(config("rl.lr=0.5"), run)
+    msg = str(e.value)
+    assert "rl.lr: checkpoint=" in msg and "now=0.5" in msg
+    assert one_line(msg) == msg and "characters cut" not in one_line(msg)

@@ -47,6 +47,33 @@ def full_optimizer(trainer) -> dict[str, torch.Tensor]:
     }
 
 
+def save_on_full_disk(manager, trainer, job: dict, rank: int) -> str:
+    """Save step ``save + 1`` while every shard file rank ``full_disk_rank`` opens fails with
+    ENOSPC; returns how the save failed on this rank (``type: message``)."""
+    import errno
+    import os
+    from contextlib import contextmanager
+
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    real = FileSystem.create_stream
+
+    @contextmanager
+    def full(self, path, mode):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        yield  # a context manager, as the one it replaces
+
+    if rank == job["full_disk_rank"]:
+        FileSystem.create_stream = full
+    try:
+        manager.save(job["save"] + 1, trainer, config={"test": True})
+    except BaseException as e:  # noqa: BLE001 - the test judges whatever it was
+        return f"{type(e).__name__}: {e}"
+    finally:
+        FileSystem.create_stream = real
+    return "saved"
+
+
 def run_job(job: dict, rank: int, world: int) -> None:
     from posttrain.config.build import build_objective, objective_context
     from posttrain.config.overrides import apply_overrides
@@ -91,13 +118,18 @@ def run_job(job: dict, rank: int, world: int) -> None:
         losses.append([r["train/loss"] for r in rows])
     if job.get("save") is not None:
         manager.save(job["save"], trainer, config={"test": True})
+    full_disk = None
+    if job.get("full_disk_rank") is not None:  # the next save finds that rank's disk full
+        full_disk = [None] * world
+        dist.all_gather_object(full_disk, save_on_full_disk(manager, trainer, job, rank))
     state = full_state(trainer.model)
     optim = full_optimizer(trainer)
     sizes = shard_bytes(trainer.model, trainer.optimizer)
     all_sizes = [None] * world
     dist.all_gather_object(all_sizes, sizes)
     if rank == 0:
-        result = {"params": state, "optim": optim, "losses": losses, "sizes": all_sizes}
+        result = {"params": state, "optim": optim, "losses": losses, "sizes": all_sizes,
+                  "full_disk": full_disk}  # fmt: skip
         if job.get("lora") and job["sharding"] == "none":
             from posttrain.model.lora import merged_state
 

@@ -13,6 +13,9 @@ from typing import Any, Protocol
 
 from posttrain.fileio import atomic_write_text
 
+#: The run's record in its run directory: one JSON object per step.
+METRICS_FILE = "metrics.jsonl"
+
 
 class MetricsFileError(ValueError):
     """``metrics.jsonl`` is damaged in a way resume cannot repair (a bad line before the last)."""
@@ -186,7 +189,7 @@ def open_sinks(
     config: dict | None = None,
 ) -> MetricSink:
     out = Path(out_dir)
-    sinks: list[MetricSink] = [JsonlSink(out / "metrics.jsonl", resume_step)]
+    sinks: list[MetricSink] = [JsonlSink(out / METRICS_FILE, resume_step)]
     if tensorboard:
         sinks.append(TensorBoardSink(out / "tensorboard"))
     if wandb:

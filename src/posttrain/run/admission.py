@@ -39,9 +39,10 @@ from posttrain.config import PosttrainConfig, to_dict
 from posttrain.config.serialize import parse_yaml
 from posttrain.fileio import atomic_write_text
 from posttrain.run.fingerprint import changed_inputs, fingerprints
-from posttrain.trainer.checkpoint import CheckpointManager
+from posttrain.trainer.checkpoint import CheckpointManager, refuse_unloadable
 from posttrain.trainer.compat import RESUME_MUTABLE_KEYS, check_resume_compatible, differing_keys
 from posttrain.trainer.errors import ResumeError
+from posttrain.trainer.manifest import CorruptCheckpointError, verify
 
 log = logging.getLogger("posttrain")
 
@@ -71,10 +72,11 @@ def admit(config: PosttrainConfig, run_dir: Path) -> Admission:
             f"rl.resume=off but {run_dir} already holds checkpoints of an earlier run; start "
             "this one under another job.name, or drop rl.resume=off to continue that run"
         )
-    newest = newest_checkpoint(run_dir / "checkpoints")
+    newest = _verified_if_final(config, run_dir / "checkpoints")
     if newest is not None:
         step, path, meta = newest
         check_resume_compatible(str(path), {}, {}, meta["config"], current, RESUME_MUTABLE_KEYS)
+        refuse_unloadable(path, config.placement.policy_sharding == "fsdp")
         _refuse_changed_inputs(config, run_dir, path)
         if config.rl.max_steps < step:
             raise ResumeError(
@@ -126,6 +128,30 @@ def newest_checkpoint(root: Path) -> tuple[int, Path, dict[str, Any]] | None:
         if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
             return step, path, meta
     return None
+
+
+def _verified_if_final(
+    config: PosttrainConfig, root: Path
+) -> tuple[int, Path, dict[str, Any]] | None:
+    """:func:`newest_checkpoint`, verified byte for byte when it is the run's last step: a
+    finished run loads no policy (whose resume would verify it and fall back), so a damaged
+    final checkpoint is set aside here, as resume does, and the one before it decides."""
+    skipped = 0
+    while (newest := newest_checkpoint(root)) is not None and newest[0] == config.rl.max_steps:
+        try:
+            verify(newest[1], newest[0])
+            return newest
+        except CorruptCheckpointError as e:
+            warnings.warn(f"{e}; skipping it and trying an older checkpoint", stacklevel=3)
+            CheckpointManager(root).set_aside(newest[1])
+            skipped += 1
+    if newest is None and skipped:
+        raise ResumeError(
+            f"the final checkpoint under {root} does not verify (moved aside as "
+            ".corrupt-step_*) and no earlier one is left; start over under a new job.name, "
+            "or delete that directory"
+        )
+    return newest
 
 
 def run_records(run_dir: Path) -> list[str]:

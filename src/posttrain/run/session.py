@@ -25,6 +25,7 @@ from posttrain.config import PosttrainConfig, load_config, to_dict
 from posttrain.config.overrides import apply_overrides
 from posttrain.control import run_preflight
 from posttrain.metrics import open_sinks
+from posttrain.metrics.sinks import METRICS_FILE, read_metrics
 from posttrain.run.admission import admit, record_inputs
 from posttrain.run.lock import RunLock, prepare_run_dir
 from posttrain.run.progress import Progress
@@ -155,6 +156,8 @@ class RunSession:
             if evaluates and start == 0:
                 summary["initial"] = first = body.evaluate(0)
                 sink.write(0, first)
+            elif evaluates:  # resumed: the evaluation before training is in the history
+                summary.update(_initial_from_history(run_dir))
             progress = Progress(config, start, body.shown)
             began = time.perf_counter()
             stop = GracefulStop(
@@ -187,6 +190,16 @@ class RunSession:
         summary["wall_s"] = time.perf_counter() - began
         summary["checkpoint"] = saved  # the final step's (rl.max_steps always saves)
         return summary
+
+
+def _initial_from_history(run_dir: Path) -> dict[str, Any]:
+    """``{"initial": step 0's held-out metrics}`` from ``metrics.jsonl`` (empty when the run
+    has no step-0 evaluation there), so a resumed run's summary still says where it began."""
+    for record in read_metrics(run_dir / METRICS_FILE):
+        if record["step"] == 0:
+            held_out = {k: v for k, v in record.items() if k.startswith("val/")}
+            return {"initial": held_out} if held_out else {}
+    return {}
 
 
 def _summary(run_dir: Path, start: int, complete: bool = False) -> dict[str, Any]:

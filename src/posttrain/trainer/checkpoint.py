@@ -232,18 +232,8 @@ class CheckpointManager:
         for note in resume_notes(meta["config"], config):
             warnings.warn(f"resuming from {path}: {note}", stacklevel=2)
         rank = dp.rank()
-        sharded = dcp_io.is_sharded_checkpoint(path)  # DCP reshards to any number of ranks
-        if getattr(trainer, "sharded", False) and not sharded:
-            raise ResumeError(
-                f"{path} is a replicated checkpoint (placement.policy_sharding=none); resume it "
-                "with policy_sharding=none, or start a new sharded run from its model/ folder "
-                "(model.name_or_path)"
-            )
-        if meta["world_size"] != dp.world_size() and not sharded:
-            raise ResumeError(
-                f"{path} was written by {meta['world_size']} data-parallel ranks, this run has "
-                f"{dp.world_size()}; resume with the same number of ranks"
-            )
+        sharded = dcp_io.is_sharded_checkpoint(path)
+        refuse_unloadable(path, getattr(trainer, "sharded", False))
         device = trainer.device
         if sharded:
             dcp_io.load_sharded(path, trainer)
@@ -301,7 +291,7 @@ class CheckpointManager:
         dp.barrier()
         if dp.rank() == 0:
             for path in skipped:
-                self._quarantine(path)
+                self.set_aside(path)
         if chosen is None:
             if skipped:
                 raise ResumeError(
@@ -324,7 +314,9 @@ class CheckpointManager:
             )
             shutil.rmtree(p)
 
-    def _quarantine(self, path: Path) -> None:
+    def set_aside(self, path: Path) -> None:
+        """Move a checkpoint that does not verify aside as ``.corrupt-step_*`` (with a warning):
+        never deleted, never again a resume candidate."""
         target = self.root / f".corrupt-{path.name}"
         n = 1
         while target.exists():
@@ -332,6 +324,21 @@ class CheckpointManager:
             target = self.root / f".corrupt-{path.name}.{n}"
         os.rename(path, target)
         warnings.warn(f"moved the damaged checkpoint {path} aside to {target}", stacklevel=3)
+
+
+def refuse_unloadable(path: Path, sharded_run: bool) -> None:
+    """What resharding cannot do, in one line. A sharded checkpoint (DCP) loads into any number
+    of sharded ranks or into replicated ones (DCP reshards); a replicated one (every rank held
+    the same weights and optimizer state, rank 0 wrote them) into any number of replicated
+    ranks. Only a replicated checkpoint into sharded ranks is refused: its optimizer state is
+    keyed by position in one unsharded model, which FSDP's sharded optimizer cannot take."""
+    if sharded_run and not dcp_io.is_sharded_checkpoint(path):
+        raise ResumeError(
+            f"{path} is a replicated checkpoint (written with placement.policy_sharding=none) "
+            "and cannot be resharded; resume it with placement.policy_sharding=none (any "
+            "placement.policy_ranks), or start a new sharded run under another job.name from "
+            "its model/ folder (model.name_or_path)"
+        )
 
 
 def _refuse_poisoned(trainer: Trainer) -> None:

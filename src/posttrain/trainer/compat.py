@@ -2,8 +2,10 @@
 
 Configs are compared as flat dotted keys (``rl.max_steps``). A key may differ on resume only if it
 matches one of the ``allowed`` glob patterns; the defaults cover how long the run goes, how often
-it saves, evaluates and logs, what it does on a signal, and the resume mode itself. None of these
-changes the math of the steps already taken, and all but one leave the steps still to take alone:
+it saves, evaluates and logs, what it does on a signal, the resume mode itself, and placement
+(backend, rank count, sharding, devices: where the steps run, not what they compute; a checkpoint
+reshards where its format allows, ``checkpoint.py``). None of these changes the math of the steps
+already taken, and all but one leave the steps still to take alone, up to float rounding:
 ``rl.max_steps`` is also the horizon of a decaying ``rl.lr_schedule`` (linear, cosine), so with
 such a schedule a new ``rl.max_steps`` re-shapes the remaining learning rates (resume warns,
 see :func:`resume_notes`); with ``constant`` it only changes where the run stops. Anything else
@@ -35,6 +37,14 @@ RESUME_MUTABLE_KEYS: tuple[str, ...] = (
     "placement.torch_threads_per_process",
     "placement.device",
     "placement.backend",
+    "placement.ray_address",
+    "placement.cpus_per_role",
+    "placement.gpus_per_role",
+    "placement.sync_bucket_mb",
+    # How the policy is spread over processes: the same update up to the order of float sums
+    # (resume warns); a checkpoint reshards where its format allows (checkpoint.py, reshard).
+    "placement.policy_ranks",
+    "placement.policy_sharding",
 )
 
 #: Config keys a command-line flag sets: a resume that differs in one names the flag.
@@ -108,8 +118,9 @@ def check_resume_compatible(
     if cfg:
         raise ResumeError(
             f"refusing to resume from {where}: the resolved config differs in {cfg} "
-            f"({_describe(saved_config, config, cfg)}); only {list(allowed)} may change on "
-            "resume. Restore those values or start a new job.name"
+            f"({_describe(saved_config, config, cfg)}); restore those values or start a new "
+            "job.name (only run length, save/eval/log cadence and placement may change on "
+            "resume)"
         )
 
 
@@ -125,10 +136,16 @@ def resume_notes(saved_config: Mapping[str, Any], config: Mapping[str, Any]) -> 
             f"learning rate now decays over {new} steps, so the remaining steps' learning rates "
             f"differ from the original run's (keep rl.max_steps={old} to continue it exactly)"
         )
-    old, new = a.get("placement.device"), b.get("placement.device")
-    if old != new:
-        notes.append(
-            f"placement.device changed from {old} to {new}: another device can round floats "
-            "differently, so the remaining steps may not match the original run bit for bit"
-        )
+    for key, why in (
+        ("placement.device", "another device can round floats differently"),
+        ("placement.gpus_per_role", "another device can round floats differently"),
+        ("placement.policy_ranks", "the gradient is summed over another number of ranks"),
+        ("placement.policy_sharding", "sharded and replicated ranks sum in another order"),
+    ):
+        old, new = a.get(key), b.get(key)
+        if old != new:
+            notes.append(
+                f"{key} changed from {old} to {new}: {why}, so the remaining steps may not "
+                "match the original run bit for bit (float rounding)"
+            )
     return notes

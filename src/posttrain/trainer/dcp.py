@@ -30,6 +30,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch import Tensor
+from torch.distributed.checkpoint.api import CheckpointException
 
 from posttrain.trainer import distributed as dp
 from posttrain.trainer import sharding as sh
@@ -72,8 +73,14 @@ def refuse_poisoned(trainer) -> None:
 def save_sharded(directory: Path, trainer, tokenizer: object | None = None) -> None:
     """Every rank writes its shards of weights and optimizer state under ``directory/dcp``;
     rank 0 writes the model config (and tokenizer, adapter config) under ``directory/model``."""
-    with _quiet_single_process():
-        dcp.save(_states(trainer), checkpoint_id=str(directory / DCP_DIR))
+    try:
+        with _quiet_single_process():
+            dcp.save(_states(trainer), checkpoint_id=str(directory / DCP_DIR))
+    except CheckpointException as e:  # every rank gets every rank's failure
+        cause = rank_failure(e)
+        if cause is None:
+            raise
+        raise cause from e
     if dp.rank() == 0:
         model_dir = directory / "model"
         model_dir.mkdir(parents=True, exist_ok=True)
@@ -85,6 +92,17 @@ def save_sharded(directory: Path, trainer, tokenizer: object | None = None) -> N
             (model_dir / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(model), indent=1))
         if tokenizer is not None:
             tokenizer.save_pretrained(model_dir)
+
+
+def rank_failure(error: CheckpointException) -> BaseException | None:
+    """The error a rank's write failed with, out of DCP's wrapper (a ``BaseException`` whose
+    text holds every rank's traceback): an ``OSError`` first (a full disk, a removed folder),
+    so the save reports it as a single-process save does (``save_errors.write_failure``)."""
+    failures = [exc for _, (exc, _trace) in sorted(error.failures.items())]
+    for exc in failures:
+        if isinstance(exc, OSError):
+            return exc
+    return failures[0] if failures else None
 
 
 def load_sharded(directory: Path, trainer) -> None:

@@ -51,8 +51,10 @@ def export_hf(checkpoint: str | os.PathLike, out: str | os.PathLike, replace: bo
     """
     checkpoint, out = Path(checkpoint), Path(out)
     step = re.fullmatch(r"step_(\d{8,})", checkpoint.name)
-    if step is None or not checkpoint.is_dir():
+    if step is None:
         raise CheckpointError(f"{checkpoint} is not a checkpoint directory (step_NNNNNNNN)")
+    if not checkpoint.is_dir():
+        raise CheckpointError(_missing(checkpoint))
     if not replace and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out} already exists and is not empty; export into a new folder")
     meta = verify(checkpoint, int(step.group(1)))  # nothing is exported from a damaged one
@@ -147,6 +149,19 @@ def _weight_files(folder: Path) -> dict[str, Path]:
 
 
 @torch.no_grad()
+def _missing(checkpoint: Path) -> str:
+    """A well-named checkpoint that is not there: say so, and which ones its folder holds."""
+    what = "is a file, not a checkpoint folder" if checkpoint.exists() else "does not exist"
+    parent = checkpoint.parent
+    held = sorted(
+        p.name for p in parent.glob("step_*") if p.is_dir() and (p / "COMPLETE").is_file()
+    ) if parent.is_dir() else []  # fmt: skip
+    if held:
+        shown = ", ".join(held[-5:]) + (f" (and {len(held) - 5} older)" if len(held) > 5 else "")
+        return f"{checkpoint} {what}; {parent} holds the complete checkpoints {shown}"
+    return f"{checkpoint} {what}, and {parent} holds no complete checkpoint; check the path"
+
+
 def _merge_adapters(adapter_dir: Path, base: Path, out: Path) -> None:
     """The base model's weights with the adapters of ``adapter_dir`` merged in, layer by layer,
     in float32 (the policy's master dtype), as peft merges them."""
