@@ -18,6 +18,7 @@ from posttrain.control import (  # noqa: E402
     PreflightError,
     consistency,
     dpo,
+    entries,
     external,
     inactive,
     inert,
@@ -28,7 +29,7 @@ from posttrain.control import (  # noqa: E402
     temperature,
 )
 
-MODULES = (reads, temperature, inactive, inert, consistency, lag, external, opd, dpo)
+MODULES = (reads, temperature, inactive, inert, consistency, lag, external, entries, opd, dpo)
 
 
 def test_preflight_runs_every_module_rule_once_and_each_reads_real_keys():
