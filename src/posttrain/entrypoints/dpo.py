@@ -34,6 +34,7 @@ from posttrain.config import PosttrainConfig
 from posttrain.control.entries import refuse_unread_overrides
 from posttrain.data import shapes
 from posttrain.data.images import PairBatch, step_seeds
+from posttrain.data.order import step_indices
 from posttrain.data.pairs import load_pairs, write_grid
 from posttrain.model.diffusion import alphas_cumprod, unet_config
 from posttrain.run.records import default_out_dir
@@ -83,14 +84,10 @@ def build_trainer(
 
 
 def step_pairs(pairs: PairBatch, seed: int, step: int, per_step: int) -> PairBatch:
-    """The pairs of ``step`` (1-based): consecutive slots of per-epoch seeded permutations."""
-    n = len(pairs)
-    slots = torch.arange((step - 1) * per_step, step * per_step)
-    rows = []
-    for epoch in torch.unique(slots // n).tolist():
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 7919 + epoch))
-        rows.append(perm[slots[slots // n == epoch] % n])
-    return pairs[torch.cat(rows)].with_seeds(step_seeds(seed, step, per_step))
+    """The pairs of ``step`` (1-based): consecutive slots of per-epoch seeded permutations
+    (``data/order.py``), each with a fresh noise seed."""
+    rows = step_indices(len(pairs), seed, step, per_step)
+    return pairs[rows].with_seeds(step_seeds(seed, step, per_step))
 
 
 #: The entry as the run session sees it.
