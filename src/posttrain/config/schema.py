@@ -16,6 +16,7 @@ from posttrain.config.sections import (
     RewardConfig,
     RolloutConfig,
 )
+from posttrain.config.sft import SFTConfig
 from posttrain.config.teacher import TeacherConfig
 
 
@@ -35,6 +36,7 @@ class PosttrainConfig(Section):
         default_factory=TeacherConfig, description="Distillation teacher (OPD only)."
     )
     dpo: DPOConfig = Field(default_factory=DPOConfig, description="Diffusion DPO.")
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="Supervised fine-tuning.")
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="Role placement."
     )

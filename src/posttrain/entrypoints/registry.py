@@ -94,6 +94,22 @@ ENTRIES: tuple[Entry, ...] = (
         data_fix="write the pairs with `posttrain dpo make-pairs` (docs/guides/dpo.md) or point "
         "dpo.pairs_path at a manifest",
     ),
+    Entry(
+        "sft", "SFT", "supervised fine-tuning (offline, on demonstrations)",
+        help="supervised fine-tuning on chat demonstrations (JSONL)",
+        description="Offline SFT: cross-entropy on the assistant tokens of chat rows "
+        "(sft.train_path: messages with tools and tool calls, or prompt/completion), rendered "
+        "with the model's chat template; held-out loss and token accuracy (sft.val_path).",
+        builder="posttrain.algorithm.sft:make_objective", placement="policy_only",
+        online_reads=("model.tokenizer_path", "model.gradient_checkpointing",
+                      "model.init_preset", "model.lora_rank", "model.lora_alpha",
+                      "model.lora_target_modules", "rl.micro_batch_tokens"),
+        refused_note="SFT trains offline on sft.train_path", sections=("sft",),
+        rules="posttrain.control.sft", max_policy_ranks=1, objective_flag=False,
+        data_keys=("sft.train_path", "sft.val_path"),
+        data_fix="point it at a JSONL file of chat rows (docs/guides/sft.md)",
+        data_check="posttrain.entrypoints.sft:check_data",
+    ),
 )  # fmt: skip
 
 _BY_NAME = {e.name: e for e in ENTRIES}
