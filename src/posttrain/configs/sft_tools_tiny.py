@@ -1,6 +1,6 @@
 """SFT on calculator demonstrations: a tiny random model learns the tool call and the copy.
 
-The cold start tool-use RL needs (docs/guides/sft.md): a 140k-parameter Mistral (preset
+The cold start tool-use RL needs (docs/guides/sft.md): a 135k-parameter Mistral (preset
 ``arith_tools``, the model of ``make demo-tools``) starts from random weights and is fine-tuned
 on demonstrations of the calculator turn of ``posttrain.env.arithmetic``: the problem
 (``123+456=``), the call ``<tool_call>A+U</tool_call>``, the tool's right-aligned result, and the
