@@ -85,6 +85,20 @@ def test_lora_and_gradient_checkpointing_train_through_the_policy_role(tmp_path)
     assert summary["final"]["val/loss"] < summary["initial"]["val/loss"]
 
 
+def test_packed_training_matches_unpacked_training(tmp_path):
+    """``sft.packing``: the same rows in fewer sequences give the same loss, to rounding."""
+    plain = train(opts_for(tmp_path, "plain", **{"rl.max_steps": 2}))
+    packed = train(
+        opts_for(
+            tmp_path, "packed", **{"rl.max_steps": 2, "sft.packing": True, "sft.max_tokens": 128}
+        )
+    )  # 3 rows a sequence
+    a, b = rows_in(Path(plain["run_dir"])), rows_in(Path(packed["run_dir"]))
+    for step in (1, 2):
+        assert b[step]["train/loss"] == pytest.approx(a[step]["train/loss"], abs=1e-5)
+        assert b[step]["train/sft/tokens"] == a[step]["train/sft/tokens"]
+
+
 def test_stop_and_resume_is_bit_exact(tmp_path):
     straight = train(opts_for(tmp_path, "straight"))
     train(opts_for(tmp_path, "stopped", **{"rl.max_steps": 2}))

@@ -51,6 +51,12 @@ class SFTConfig(Section):
         "line, `drop` leaves the row out (counted in the log), `truncate` keeps its first "
         "`sft.max_tokens` tokens (a row left with no assistant token is dropped).",
     )
+    packing: bool = Field(
+        False,
+        description="Concatenate each step's rows into sequences of at most `sft.max_tokens` "
+        "tokens (first fit, longest first), each row attending to itself only (positions "
+        "restart per row), so little is padding. Needs `sft.loss_reduction=token_sum`.",
+    )
     loss_reduction: Literal["token_sum", "sequence_mean"] = Field(
         "token_sum",
         description="`token_sum`: the mean negative log-likelihood over every assistant token "

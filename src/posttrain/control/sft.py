@@ -30,4 +30,16 @@ def sft_unsharded_policy(cfg: PosttrainConfig) -> str | None:
     )
 
 
-RULES = (sft_needs_train_path, sft_unsharded_policy)
+@error("sft.packing", "sft.loss_reduction")
+def packing_needs_token_sum(cfg: PosttrainConfig) -> str | None:
+    """A packed sequence holds several rows, so a per-sequence mean would weigh rows by how
+    they were packed; the token sum does not depend on it."""
+    if not cfg.sft.packing or cfg.sft.loss_reduction == "token_sum":
+        return None
+    return (
+        f"sft.packing=true with sft.loss_reduction={cfg.sft.loss_reduction}: a packed "
+        "sequence holds several rows; set sft.loss_reduction=token_sum or sft.packing=false"
+    )
+
+
+RULES = (sft_needs_train_path, sft_unsharded_policy, packing_needs_token_sum)

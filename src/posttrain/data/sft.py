@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from posttrain.config.errors import ConfigError
-from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.data.trajectory import DOCUMENT_POSITIONS, TrajectoryBatch
 from posttrain.env.render import TemplateError, _differ, encode, render
 
 log = logging.getLogger("posttrain")
@@ -253,3 +253,47 @@ def collate(rows: Sequence[SFTRow], pad_id: int) -> TrajectoryBatch:
         loss[b, : len(r.ids) - 1] = torch.tensor(r.mask[1:])
     index = torch.arange(len(rows), dtype=torch.long)
     return TrajectoryBatch(ids, attention, loss, group_ids=index, sample_ids=index.clone())
+
+
+def pack(rows: Sequence[SFTRow], max_tokens: int) -> list[list[int]]:
+    """Row indices per packed sequence of at most ``max_tokens`` tokens: first fit, longest
+    rows first (ties by index), so the packing is a function of the rows alone."""
+    order = sorted(range(len(rows)), key=lambda i: (-len(rows[i].ids), i))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        n = len(rows[i].ids)
+        k = next((k for k, free in enumerate(room) if free >= n), None)
+        if k is None:
+            bins.append([i])
+            room.append(max_tokens - n)
+        else:
+            bins[k].append(i)
+            room[k] -= n
+    return bins
+
+
+def collate_packed(rows: Sequence[SFTRow], bins: Sequence[Sequence[int]], pad_id: int):
+    """The rows concatenated per bin (:func:`pack`) as one batch row each, with their
+    :data:`DOCUMENT_POSITIONS`: every document attends to itself only, and its first token,
+    which the previous document would predict, carries no loss."""
+    width = max(sum(len(rows[i].ids) for i in b) for b in bins)
+    shape = (len(bins), width)
+    ids = torch.full(shape, pad_id, dtype=torch.long)
+    attention = torch.zeros(shape, dtype=torch.long)
+    trained = torch.zeros(shape, dtype=torch.bool)
+    positions = torch.zeros(shape, dtype=torch.long)
+    for b, members in enumerate(bins):
+        at = 0
+        for i in members:
+            r, n = rows[i], len(rows[i].ids)
+            ids[b, at : at + n] = torch.tensor(r.ids)
+            attention[b, at : at + n] = 1
+            trained[b, at + 1 : at + n] = torch.tensor(r.mask[1:], dtype=torch.bool)
+            positions[b, at : at + n] = torch.arange(n)
+            at += n
+        positions[b, at:] = torch.arange(width - at)  # the padding: a document of its own
+    index = torch.arange(len(bins), dtype=torch.long)
+    return TrajectoryBatch(ids, attention, trained[:, 1:], group_ids=index,
+                           sample_ids=index.clone(),
+                           columns={DOCUMENT_POSITIONS: positions[:, 1:]})  # fmt: skip

@@ -26,7 +26,7 @@ from posttrain.algorithm.sft import held_out, make_objective
 from posttrain.config import PosttrainConfig
 from posttrain.control.entries import refuse_unread_overrides
 from posttrain.data.order import step_indices
-from posttrain.data.sft import SFTData, collate, load_sft
+from posttrain.data.sft import SFTData, collate, collate_packed, load_sft, pack
 from posttrain.placement.policy_only import place_policy_only
 from posttrain.placement.roles import PolicyRole
 from posttrain.run.records import default_out_dir, quiet_libraries
@@ -144,7 +144,11 @@ class SFTBody:
         t0 = time.perf_counter()
         c = self.config
         rows = step_indices(len(self.train.rows), c.job.seed, step, c.sft.rows_per_step)
-        batch = collate([self.train.rows[i] for i in rows.tolist()], self.pad)
+        chosen = [self.train.rows[i] for i in rows.tolist()]
+        if c.sft.packing:
+            batch = collate_packed(chosen, pack(chosen, c.sft.max_tokens), self.pad)
+        else:
+            batch = collate(chosen, self.pad)
         record = dict(self.policy.train(batch))
         record["time/step_s"] = time.perf_counter() - t0
         return record
