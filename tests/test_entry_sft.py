@@ -85,6 +85,13 @@ def test_lora_and_gradient_checkpointing_train_through_the_policy_role(tmp_path)
     assert summary["final"]["val/loss"] < summary["initial"]["val/loss"]
 
 
+def test_bf16_compute_trains_through_the_trainers_precision_path(tmp_path):
+    summary = train(opts_for(tmp_path, "bf16", **{"model.dtype": "bfloat16", "rl.max_steps": 2}))
+    metrics = rows_in(Path(summary["run_dir"]))
+    assert all(torch.isfinite(torch.tensor(metrics[s]["train/loss"])) for s in (1, 2))
+    assert summary["final"]["val/loss"] < summary["initial"]["val/loss"]
+
+
 def test_packed_training_matches_unpacked_training(tmp_path):
     """``sft.packing``: the same rows in fewer sequences give the same loss, to rounding."""
     plain = train(opts_for(tmp_path, "plain", **{"rl.max_steps": 2}))
