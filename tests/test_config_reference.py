@@ -31,7 +31,7 @@ def test_reference_rows_name_the_rules_reading_each_key():
     row = next(
         line for line in render().splitlines() if line.startswith("| `rl.lower_bound_ratio`")
     )
-    assert "`objective_reads_its_knobs`" in row and "`dpo_reads_no_online_knobs`" in row
+    assert "`objective_reads_its_knobs`" in row and "`entry_reads_no_online_knobs`" in row
     assert "\\|A\\|" in row  # pipes in descriptions are escaped so the table stays intact
     row = next(line for line in render().splitlines() if line.startswith("| `rl.lr`"))
     assert row.endswith("| - |")

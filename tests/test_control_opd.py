@@ -1,5 +1,4 @@
-"""Preflight of control/opd.py: the teacher role, OPD's warnings, and which entry trains which
-algorithm."""
+"""Preflight of control/opd.py: the teacher role and OPD's warnings."""
 
 from __future__ import annotations
 
@@ -9,10 +8,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
-from preflight_cases import OPD, Case, cfg, check_case, covered  # noqa: E402
+from preflight_cases import OPD, Case, check_case, covered  # noqa: E402
 
-from posttrain.control import PreflightError, objective_family, opd  # noqa: E402
-from posttrain.control.opd import check_entry  # noqa: E402
+from posttrain.control import opd  # noqa: E402
 
 CASES: list[Case] = [
     ("opd_needs_teacher", ["job.algorithm=opd"], "job.algorithm=opd needs teacher.name_or_path",
@@ -33,24 +31,3 @@ def test_every_rule_of_the_module_has_a_case():
 @pytest.mark.parametrize(("name", "bad", "fragment", "good"), CASES)
 def test_rule_failing_and_passing_side(name, bad, fragment, good):
     check_case(name, bad, fragment, good)
-
-
-@pytest.mark.parametrize(
-    ("algorithm", "family"), [("grpo", "grpo"), ("gspo", "grpo"), ("opd", "opd"), ("opd_x", "opd")]
-)
-def test_objective_family(algorithm, family):
-    assert objective_family(cfg([f"job.algorithm={algorithm}"])) == family
-
-
-@pytest.mark.parametrize(
-    ("entry", "algorithm", "fragment"),
-    [("grpo", "opd", "run `posttrain opd"), ("grpo", "opd_x", "run `posttrain opd"),
-     ("opd", "grpo", "train it with `posttrain grpo`"),
-     ("opd", "gspo", "job.algorithm=gspo is a GRPO-family"),
-     ("opd", "opd_direct", "records its runs as job.algorithm=opd")],
-)  # fmt: skip
-def test_each_entry_refuses_the_other_family_in_one_line(entry, algorithm, fragment):
-    with pytest.raises(PreflightError, match=fragment) as info:
-        check_entry(cfg([f"job.algorithm={algorithm}"]), entry)
-    assert "\n" not in str(info.value)
-    check_entry(cfg([f"job.algorithm={'opd' if entry == 'opd' else 'dr_grpo'}"]), entry)

@@ -18,6 +18,7 @@ from posttrain.control import (  # noqa: E402
     PreflightError,
     consistency,
     dpo,
+    entries,
     external,
     inactive,
     inert,
@@ -25,10 +26,13 @@ from posttrain.control import (  # noqa: E402
     opd,
     reads,
     run_preflight,
+    sft,
     temperature,
 )
 
-MODULES = (reads, temperature, inactive, inert, consistency, lag, external, opd, dpo)
+MODULES = (
+    reads, temperature, inactive, inert, consistency, lag, external, entries, opd, dpo, sft
+)  # fmt: skip
 
 
 def test_preflight_runs_every_module_rule_once_and_each_reads_real_keys():

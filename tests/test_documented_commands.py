@@ -24,12 +24,13 @@ import sys
 from pathlib import Path
 
 from posttrain.config import load_config
+from posttrain.entrypoints import registry
 from posttrain.entrypoints.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs" / "guides").glob("*.md"))]
 STEP_SCALE = 250
-TRAINING = ("grpo", "opd", "dpo")
+TRAINING = registry.names()
 FILE_BLOCK = re.compile(r"# ([\w/]+\.py)\b")
 
 #: Command prefix -> why it does not run in CI.

@@ -101,7 +101,7 @@ def test_each_entry_refuses_the_other_algorithm_in_one_line(tmp_path, models, ca
     code, err = _cli(capsys, "grpo", "--config", RECIPE, "--", *opd_opts(tmp_path, models))
     assert code == EXIT_CONFIG_ERROR and "run `posttrain opd" in err and "\n" not in err
     code, err = _cli(capsys, "opd", "--config", "arithmetic", "--", "logging.progress=false")
-    assert code == EXIT_CONFIG_ERROR and "train it with `posttrain grpo`" in err
+    assert code == EXIT_CONFIG_ERROR and "run `posttrain grpo --config ...`" in err
     assert "\n" not in err
     assert not (tmp_path / "out").exists()
 

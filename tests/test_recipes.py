@@ -24,6 +24,7 @@ EXPECTED_WARNINGS = {
     "arithmetic_clipped": [],
     "opd_arithmetic": [],
     "dpo_shapes": [],
+    "sft_tools_tiny": [],
 }
 
 

@@ -16,17 +16,21 @@ from typing import Any
 
 from torch import nn
 
-from posttrain.algorithm import grpo, opd
+from posttrain.algorithm import grpo
 from posttrain.algorithm.primitives.objective import Objective
 from posttrain.algorithm.primitives.reads import Reads, reads_of
 from posttrain.config.schema import PosttrainConfig, objective_family
 from posttrain.config.user_code import BuilderError, check_builder, import_callable
+from posttrain.entrypoints.registry import ENTRIES, builtin_builders, load
 
-#: The built-in builder of each online family: what an undeclared custom builder is taken to wrap.
-BUILTIN_BUILDERS = {"grpo": grpo.make_objective, "opd": opd.make_objective}
+#: The built-in builder of each entry that has one (the entry registry's): what an undeclared
+#: custom builder is taken to wrap.
+BUILTIN_BUILDERS = builtin_builders()
 
-#: Every knob a built-in online objective may read: the universe preflight checks for reads.
-OBJECTIVE_KNOBS = grpo.KNOBS | opd.KNOBS
+#: Every knob a built-in objective may read (the ``KNOBS`` of each builder's module): the
+#: universe preflight checks for reads.
+OBJECTIVE_KNOBS = frozenset().union(*(load(e.builder.partition(":")[0]).KNOBS
+                                      for e in ENTRIES if e.builder))  # fmt: skip
 
 
 def objective_context(config: PosttrainConfig, reference_model: nn.Module | None = None) -> Any:
@@ -81,7 +85,7 @@ def objective_builder(config: PosttrainConfig) -> Any:
 
 
 def objective_reads(config: PosttrainConfig) -> Reads | None:
-    """What the run's objective reads (None for DPO, whose entry builds its own objective)."""
+    """What the run's objective reads (None for an entry that builds its own objective, DPO)."""
     family = objective_family(config)
     if family not in BUILTIN_BUILDERS:
         return None

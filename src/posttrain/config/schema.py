@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
 from posttrain.config.base import Section
@@ -18,6 +16,7 @@ from posttrain.config.sections import (
     RewardConfig,
     RolloutConfig,
 )
+from posttrain.config.sft import SFTConfig
 from posttrain.config.teacher import TeacherConfig
 
 
@@ -37,6 +36,7 @@ class PosttrainConfig(Section):
         default_factory=TeacherConfig, description="Distillation teacher (OPD only)."
     )
     dpo: DPOConfig = Field(default_factory=DPOConfig, description="Diffusion DPO.")
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="Supervised fine-tuning.")
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="Role placement."
     )
@@ -64,10 +64,9 @@ def all_keys() -> list[str]:
     ]
 
 
-def objective_family(config: PosttrainConfig) -> Literal["grpo", "opd", "dpo"]:
-    """``opd`` / ``dpo`` when ``job.algorithm`` starts with that, else ``grpo``: which entry
-    trains the run and whose built-in objective it uses."""
-    for family in ("opd", "dpo"):
-        if config.job.algorithm.startswith(family):
-            return family  # type: ignore[return-value]
-    return "grpo"
+def objective_family(config: PosttrainConfig) -> str:
+    """The entry that trains the run and whose built-in objective it uses: the registered entry
+    whose name ``job.algorithm`` starts with, else ``grpo`` (``entrypoints/registry.py``)."""
+    from posttrain.entrypoints.registry import family_of
+
+    return family_of(config.job.algorithm)

@@ -49,8 +49,8 @@ class JobConfig(Section):
     algorithm: str = Field(
         "grpo",
         description="Algorithm label recorded for provenance (`grpo`, `dr_grpo`, `gspo`, `opd`). "
-        "A label starting with `opd` selects the OPD preflight rules; any other label the GRPO "
-        "rules.",
+        "A label starting with an entry's name (`opd`, `dpo`, ...: `posttrain --help` lists "
+        "them) belongs to that entry and its preflight rules; any other label to `grpo`.",
     )
     seed: int = Field(0, ge=0, description="Seed for data order, sampling and initialisation.")
     output_root: str = Field(

@@ -14,12 +14,22 @@ from pathlib import Path
 from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.control.rules import objective_family
 from posttrain.data.tasks import TaskSource, make_task_source
+from posttrain.entrypoints.registry import Entry, entry, load
+
+
+def _policy_only(config: PosttrainConfig) -> Entry | None:
+    """The config's entry when it trains on its own data files (no prompts, no rollout)."""
+    e = entry(objective_family(config))
+    return e if e.placement == "policy_only" else None
 
 
 def data_files(config: PosttrainConfig) -> list[tuple[str, str]]:
     """``(key, path)`` of every data file the run reads."""
-    if objective_family(config) == "dpo":
-        return [("dpo.pairs_path", config.dpo.pairs_path)] if config.dpo.pairs_path else []
+    e = _policy_only(config)
+    if e is not None:
+        values = [(key, getattr(getattr(config, key.split(".")[0]), key.split(".")[1]))
+                  for key in e.data_keys]  # fmt: skip
+        return [(key, path) for key, path in values if path]
     d = config.data
     if d.task != "jsonl":
         return []
@@ -36,10 +46,10 @@ def check_data_files(config: PosttrainConfig) -> None:
     ]
     if not missing:
         return
+    e = _policy_only(config)
     fix = (
-        "write the pairs with `posttrain dpo make-pairs` (docs/guides/dpo.md) or point "
-        "dpo.pairs_path at a manifest"
-        if objective_family(config) == "dpo"
+        e.data_fix
+        if e is not None
         else "point it at a JSONL file of question/answer rows "
         "(docs/guides/config.md#your-own-data-a-jsonl-task)"
     )
@@ -84,8 +94,11 @@ def check_data(config: PosttrainConfig) -> None:
     task source builds (JSONL rows parse) and holds at least a step's prompts. A reasoning_gym
     source is counted, not generated (``data.train_size`` entries; generating takes seconds)."""
     check_data_files(config)
-    if objective_family(config) == "dpo":
-        return  # the pairs' images are checked against the model's size when it loads
+    e = _policy_only(config)
+    if e is not None:  # its entry reads its own files (DPO its pairs' images, with the model)
+        if e.data_check:
+            load(e.data_check)(config)
+        return
     if config.data.task == "reasoning_gym":
         from posttrain.data.tasks.reasoning_gym import import_reasoning_gym
 

@@ -1,5 +1,5 @@
-"""Preflight for on-policy distillation: the teacher role, OPD's warnings, and which entry runs
-which algorithm.
+"""Preflight for on-policy distillation: the teacher role and OPD's warnings (which entry runs
+which algorithm is the entry registry's: ``control/entries.py``).
 
 Which ``rl`` knobs each OPD mode reads is the OPD objective's declaration
 (``algorithm/opd.py:reads``); ``control/reads.py`` derives those rejections.
@@ -7,57 +7,8 @@ Which ``rl`` knobs each OPD mode reads is the OPD objective's declaration
 
 from __future__ import annotations
 
-from typing import Literal
-
 from posttrain.config.schema import PosttrainConfig
-from posttrain.control.rules import (
-    PreflightError,
-    are,
-    changed,
-    error,
-    objective_family,
-    warning,
-)
-
-Entry = Literal["grpo", "opd", "dpo"]
-
-#: What each objective family is, for the message that sends a recipe to its own entry.
-_FAMILY_NAMES = {
-    "grpo": "a GRPO-family algorithm (online RL)",
-    "opd": "on-policy distillation",
-    "dpo": "Diffusion DPO (offline, on preference pairs)",
-}
-
-
-def check_entry(cfg: PosttrainConfig, entry: Entry) -> None:
-    """Refuse a config whose ``job.algorithm`` belongs to another entry (one line, names it).
-
-    ``posttrain grpo`` with ``job.algorithm=opd`` would train GRPO while the run directory and
-    config claim OPD; the OPD entry likewise never runs a GRPO-family label, and a DPO recipe
-    runs only under ``posttrain dpo`` (and it only under that). The OPD entry pins
-    ``job.algorithm=opd``, so it also refuses another OPD label rather than rewrite it.
-    """
-    family, label = objective_family(cfg), cfg.job.algorithm
-    if "dpo" in (entry, family) and family != entry:
-        raise PreflightError([
-            f"job.algorithm={label} is {_FAMILY_NAMES[family]}, which `posttrain {entry}` does "
-            f"not train; run `posttrain {family} --config ...`"
-        ])  # fmt: skip
-    if entry == "grpo" and family == "opd":
-        raise PreflightError([
-            f"job.algorithm={label} is on-policy distillation, which `posttrain grpo` does not "
-            "train; run `posttrain opd --config ...` (python -m posttrain.entrypoints.opd)"
-        ])  # fmt: skip
-    if entry == "opd" and family == "grpo":
-        raise PreflightError([
-            f"job.algorithm={label} is a GRPO-family algorithm; train it with `posttrain grpo`, "
-            "or set job.algorithm=opd for distillation"
-        ])  # fmt: skip
-    if entry == "opd" and label != "opd":
-        raise PreflightError([
-            f"job.algorithm={label}: the OPD entry records its runs as job.algorithm=opd; set "
-            "that and tell runs apart by job.name"
-        ])  # fmt: skip
+from posttrain.control.rules import are, changed, error, objective_family, warning
 
 
 @error("job.algorithm", "teacher.name_or_path")

@@ -5,18 +5,19 @@ from __future__ import annotations
 from posttrain.config.schema import PosttrainConfig
 from posttrain.control import (
     consistency,
-    dpo,
+    entries,
     external,
     inactive,
     inert,
     lag,
-    opd,
     reads,
     temperature,
 )
 from posttrain.control.rules import PreflightError, Rule
+from posttrain.entrypoints.registry import ENTRIES, load
 
-#: Every preflight rule, in the order they run (and are documented).
+#: Every preflight rule, in the order they run (and are documented): the shared modules, the
+#: entries' rules derived from the registry, then each entry's own module (in registry order).
 RULES: tuple[Rule, ...] = (
     *reads.RULES,
     *temperature.RULES,
@@ -25,8 +26,8 @@ RULES: tuple[Rule, ...] = (
     *consistency.RULES,
     *lag.RULES,
     *external.RULES,
-    *opd.RULES,
-    *dpo.RULES,
+    *entries.RULES,
+    *(rule for e in ENTRIES if e.rules for rule in load(e.rules).RULES),
 )
 
 

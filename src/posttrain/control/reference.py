@@ -126,8 +126,9 @@ def render() -> str:
         "`posttrain.control.run_preflight(config)` runs every rule below on the resolved config "
         "before placement or model construction. A violated error rule raises `PreflightError` "
         "(a `ConfigError`) listing every violation; warning rules return their messages, which "
-        "the entry writes once to the run log. The GRPO or OPD rules are chosen by "
-        "`job.algorithm` (a label starting with `opd` means OPD).",
+        "the entry writes once to the run log. Which entry's rules apply is chosen by "
+        "`job.algorithm`: a label starting with an entry's name (`opd`, `dpo`, `sft`; the entry "
+        "registry, `entrypoints/registry.py`) belongs to that entry, any other label to `grpo`.",
         "",
         "Per-token advantages have no config knob: the OPD family is refused at the sequence "
         "level here, and the sequence-level objective refuses per-token advantages at run time.",

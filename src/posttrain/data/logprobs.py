@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from posttrain.data.padding import pad_responses, trim_padding
 from posttrain.data.prefix import position_ids_from_mask, shared_outputs, should_share
-from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.data.trajectory import DOCUMENT_POSITIONS, TrajectoryBatch
 
 #: Logits per chunk (positions x vocabulary): 2**24 is 64 MiB per float32 temporary.
 CHUNK_ELEMENTS = 2**24
@@ -147,6 +147,11 @@ _HEAD_MODIFIERS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 def _forward_kwargs(batch: TrajectoryBatch) -> dict:
+    packed = batch.columns.get(DOCUMENT_POSITIONS)
+    if packed is not None:  # positions restart per document: transformers masks across them
+        prompt = torch.arange(batch.prompt_width, device=packed.device).expand(len(batch), -1)
+        positions = torch.cat([prompt, packed], dim=1)
+        return dict(input_ids=batch.input_ids, position_ids=positions, use_cache=False)
     return dict(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,

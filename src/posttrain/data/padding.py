@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.data.trajectory import DOCUMENT_POSITIONS, TrajectoryBatch
 
 
 def row_lengths(batch: TrajectoryBatch) -> tuple[list[int], list[int]]:
@@ -43,12 +43,14 @@ def trim_padding(batch: TrajectoryBatch) -> TrajectoryBatch:
     if keep_p == p and keep_r == r:
         return batch
     cols = slice(p - keep_p, p + keep_r)
+    packed = batch.columns.get(DOCUMENT_POSITIONS)  # a forward reads it too
     return TrajectoryBatch(
         input_ids=batch.input_ids[:, cols],
         attention_mask=batch.attention_mask[:, cols],
         response_mask=batch.response_mask[:, :keep_r],
         group_ids=batch.group_ids,
         sample_ids=batch.sample_ids,
+        columns={} if packed is None else {DOCUMENT_POSITIONS: packed[:, :keep_r]},
     )
 
 

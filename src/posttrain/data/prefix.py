@@ -35,7 +35,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from posttrain.config.errors import ConfigError
-from posttrain.data.trajectory import TrajectoryBatch
+from posttrain.data.trajectory import DOCUMENT_POSITIONS, TrajectoryBatch
 
 SharedPrefixMode = Literal["auto", "on", "off"]
 MODES: tuple[str, ...] = ("auto", "on", "off")
@@ -139,6 +139,8 @@ def should_share(module: nn.Module, batch: TrajectoryBatch) -> PromptGroups | No
     """
     mode = shared_prefix_mode()
     if mode == "off" or len(batch) < 2 or batch.prompt_width == 0:
+        return None
+    if DOCUMENT_POSITIONS in batch.columns:  # a packed row's documents share nothing
         return None
     reason = unsupported_reason(module)
     if reason is not None:

@@ -19,6 +19,12 @@ from torch import Tensor
 
 _PER_TOKEN = ("rollout_logprobs", "teacher_logprobs")
 
+#: The column of a packed batch (several documents per row, SFT's ``sft.packing``): ``[B, R]``
+#: int64, each response token's position within its own document. A forward given it passes
+#: these positions (the prompt columns at ``0 .. P-1``) and no padding mask, so the model
+#: attends within each document only (``data/logprobs.py``); no prompt is shared.
+DOCUMENT_POSITIONS = "document_positions"
+
 
 @dataclass(frozen=True)
 class TrajectoryBatch:

@@ -4,12 +4,14 @@ Each subcommand registers itself with ``add_parser`` and a handler
 ``handler(args, overrides) -> int``; the override list is everything after the first ``--``.
 Adding a command is a few lines::
 
-    def _add_grpo(sub):
-        p = sub.add_parser("grpo", help="train with GRPO")
-        p.add_argument("--config", required=True)
-        p.set_defaults(handler=run_grpo)   # run_grpo(args, overrides) -> int
+    def _add_plot(sub):
+        p = sub.add_parser("plot", help="plot runs' curves")
+        p.add_argument("runs", nargs="+")
+        p.set_defaults(handler=plot)   # plot(args, overrides) -> int
 
-and appending ``_add_grpo`` to :data:`COMMANDS`.
+and appending ``_add_plot`` to :data:`COMMANDS`. The training entries are not written here: each
+is a row of the entry registry (``entrypoints/registry.py``), from which its subcommand, help and
+recipe listing are made.
 
 User errors from any handler print one line to stderr and exit non-zero without a traceback
 (:mod:`posttrain.run.guard`); ``--debug``, before or after the subcommand, shows it. Handlers
@@ -35,18 +37,17 @@ def config_show(args: argparse.Namespace, overrides: list[str]) -> int:
     from posttrain.config.schema import objective_family
     from posttrain.control import run_preflight
     from posttrain.control.data_checks import check_data
+    from posttrain.control.entries import refuse_unread_overrides
+    from posttrain.entrypoints.registry import entry
 
     if args.objective:  # as the training entries record it
         overrides = [*overrides, f"rl.objective_builder={args.objective}"]
     config = load_config(args.config, ["--", *overrides])
     warnings = run_preflight(config)
-    if objective_family(config) == "dpo":  # what `posttrain dpo` refuses on its command line
-        from posttrain.entrypoints.dpo import refuse_online_overrides
-
-        refuse_online_overrides(overrides, config)
+    refuse_unread_overrides(overrides, config)  # what its entry refuses on its command line
     check_data(config)
     sys.stdout.write(to_yaml(config))
-    if objective_family(config) != "dpo":  # comment lines: the output still loads as YAML
+    if entry(objective_family(config)).memory_report:  # comment lines: the output loads as YAML
         from posttrain.control.memory import report
 
         print("\n".join(report(config)))
@@ -113,63 +114,46 @@ def _add_objective_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _train_online(entry: str) -> Callable[[argparse.Namespace, list[str]], int]:
-    """The handler of an online entry (``posttrain.entrypoints.<entry>``), imported when run."""
+def _train(name: str) -> Callable[[argparse.Namespace, list[str]], int]:
+    """The handler of entry ``name`` (``posttrain.entrypoints.<name>``), imported when run."""
 
     def handler(args: argparse.Namespace, overrides: list[str]) -> int:
-        import importlib
+        from posttrain.entrypoints.registry import entry, load
 
-        module = importlib.import_module(f"posttrain.entrypoints.{entry}")
-        return module.train_from_cli(args.config, overrides, args.objective)
+        e = entry(name)
+        if e.cli:
+            return load(e.cli).dispatch(args, overrides)
+        objective = (args.objective,) if e.objective_flag else ()
+        return load(e.module).train_from_cli(args.config, overrides, *objective)
 
     return handler
 
 
-def _add_online(sub: argparse._SubParsersAction, entry: str, help: str, description: str):
+def _add_entry(sub: argparse._SubParsersAction, e) -> None:
+    """``posttrain <entry>`` from its registry row: ``--config`` (and ``--objective``), or the
+    arguments of its own ``cli`` module; the epilog lists its recipes."""
     p = sub.add_parser(
-        entry, help=help, description=description,
+        e.name, help=e.help, description=e.description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    p.epilog_of = lambda: _recipes_epilog(entry)
-    _add_config_argument(p)
-    _add_objective_argument(p)
-    p.set_defaults(handler=_train_online(entry))
+    p.epilog_of = lambda: _recipes_epilog(e.name)
+    if e.cli:
+        from posttrain.entrypoints.registry import load
+
+        load(e.cli).add_arguments(p)
+    else:
+        _add_config_argument(p)
+        if e.objective_flag:
+            _add_objective_argument(p)
+    p.set_defaults(handler=_train(e.name))
 
 
-def _add_grpo(sub: argparse._SubParsersAction) -> None:
-    _add_online(
-        sub, "grpo", "train with a GRPO-family objective",
-        "Online RL: sample, score, group advantages, update. The recipe and its overrides "
-        "choose the surrogate (rl.grpo_surrogate) and everything else.",
-    )  # fmt: skip
+def _add_entries(sub: argparse._SubParsersAction) -> None:
+    """Every training entry of the registry (``entrypoints/registry.py``), in its order."""
+    from posttrain.entrypoints.registry import ENTRIES
 
-
-def _add_opd(sub: argparse._SubParsersAction) -> None:
-    _add_online(
-        sub, "opd", "on-policy distillation from a teacher model",
-        "Sample from the student, score every token with the frozen teacher "
-        "(teacher.name_or_path), update toward it (rl.distillation_mode: advantage or direct).",
-    )  # fmt: skip
-
-
-def dpo(args: argparse.Namespace, overrides: list[str]) -> int:
-    from posttrain.entrypoints.dpo_cli import dispatch
-
-    return dispatch(args, overrides)
-
-
-def _add_dpo(sub: argparse._SubParsersAction) -> None:
-    from posttrain.entrypoints.dpo_cli import add_arguments
-
-    p = sub.add_parser(
-        "dpo", help="Diffusion DPO on preference pairs; tools: pretrain, make-pairs",
-        description="Offline Diffusion DPO on a pairs manifest (dpo.pairs_path), or one of its "
-        "tools: pretrain a base model, make preference pairs from it.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
-    p.epilog_of = lambda: _recipes_epilog("dpo")
-    add_arguments(p)
-    p.set_defaults(handler=dpo)
+    for e in ENTRIES:
+        _add_entry(sub, e)
 
 
 def plot(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -223,9 +207,7 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
 #: Subcommand registrars, in help order.
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_config,
-    _add_dpo,
-    _add_grpo,
-    _add_opd,
+    _add_entries,
     _add_model,
     _add_plot,
 ]

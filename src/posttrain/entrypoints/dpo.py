@@ -14,7 +14,6 @@ scorer's mean and the fraction of valid shapes, with a PNG grid per evaluation.
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import logging
 import sys
@@ -32,15 +31,14 @@ from posttrain.algorithm.dpo import (
     make_dpo_objective,
 )
 from posttrain.config import PosttrainConfig
-from posttrain.control.dpo import ONLINE_KNOBS
-from posttrain.control.opd import check_entry
-from posttrain.control.rules import PreflightError
+from posttrain.control.entries import refuse_unread_overrides
 from posttrain.data import shapes
 from posttrain.data.images import PairBatch, step_seeds
+from posttrain.data.order import step_indices
 from posttrain.data.pairs import load_pairs, write_grid
 from posttrain.model.diffusion import alphas_cumprod, unet_config
 from posttrain.run.records import default_out_dir
-from posttrain.run.session import EntrySpec, RunSession, report_lines
+from posttrain.run.session import RunSession, entry_spec, report_lines
 from posttrain.trainer import Trainer
 from posttrain.trainer.errors import ResumeError
 
@@ -86,31 +84,14 @@ def build_trainer(
 
 
 def step_pairs(pairs: PairBatch, seed: int, step: int, per_step: int) -> PairBatch:
-    """The pairs of ``step`` (1-based): consecutive slots of per-epoch seeded permutations."""
-    n = len(pairs)
-    slots = torch.arange((step - 1) * per_step, step * per_step)
-    rows = []
-    for epoch in torch.unique(slots // n).tolist():
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 7919 + epoch))
-        rows.append(perm[slots[slots // n == epoch] % n])
-    return pairs[torch.cat(rows)].with_seeds(step_seeds(seed, step, per_step))
-
-
-def refuse_online_overrides(opts: Sequence[str], config: PosttrainConfig) -> None:
-    """An override of an online-RL knob, even one equal to its default (``rollout.n=8``, which
-    preflight cannot tell from an unset key), claims a setting DPO never reads."""
-    online = {f"{s}.{k}" for s, keys in ONLINE_KNOBS.items() for k in keys}
-    given = [o for o in opts if o.partition("=")[0].strip() in online]
-    if given:
-        raise PreflightError([
-            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} never read by "
-            f"job.algorithm={config.job.algorithm} (Diffusion DPO trains offline on "
-            f"dpo.pairs_path); remove {'it' if len(given) == 1 else 'them'}"
-        ])  # fmt: skip
+    """The pairs of ``step`` (1-based): consecutive slots of per-epoch seeded permutations
+    (``data/order.py``), each with a fresh noise seed."""
+    rows = step_indices(len(pairs), seed, step, per_step)
+    return pairs[rows].with_seeds(step_seeds(seed, step, per_step))
 
 
 #: The entry as the run session sees it.
-SPEC = EntrySpec("dpo", check=functools.partial(check_entry, entry="dpo"))
+SPEC = entry_spec("dpo")
 #: Progress shows these metrics (label -> metric) besides the step time.
 SHOWN = {"loss": "train/loss", "scorer": "val/scorer_mean", "valid": "val/validity"}
 
@@ -129,7 +110,7 @@ def run(
 
     session = RunSession(SPEC, config_path, opts, config)
     resolved = session.config
-    refuse_online_overrides(opts, resolved)  # what preflight cannot see (default values)
+    refuse_unread_overrides(opts, resolved)  # what preflight cannot see (default values)
     unet_cfg = unet_config(resolved.model.name_or_path)
     pairs = load_pairs(  # data errors surface before any model loads
         resolved.dpo.pairs_path, unet_cfg["sample_size"], unet_cfg["num_class_embeds"]

@@ -10,7 +10,6 @@ selects) unless ``rl.objective_builder`` (``--objective``) names another one
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,16 +17,15 @@ from typing import Any
 
 from posttrain.config import PosttrainConfig
 from posttrain.config.build import objective_builder
-from posttrain.control.opd import check_entry
 from posttrain.run import online
 from posttrain.run.records import default_out_dir, quiet_libraries
-from posttrain.run.session import EntrySpec, RunSession
+from posttrain.run.session import RunSession, entry_spec
 
 __all__ = ["SPEC", "default_out_dir", "run", "train_from_cli"]
 
-#: The entry as the run session sees it: GRPO pins nothing (it is the default algorithm) and
-#: refuses an OPD config.
-SPEC = EntrySpec("grpo", check=functools.partial(check_entry, entry="grpo"))
+#: The entry as the run session sees it (its registry row): GRPO pins nothing (it is the default
+#: algorithm) and refuses another entry's config.
+SPEC = entry_spec("grpo")
 
 
 def run(

@@ -12,7 +12,6 @@ loss math and no loop (``run/online.py``); it pins ``job.algorithm=opd`` and dec
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,20 +19,17 @@ from typing import Any
 
 from posttrain.config import PosttrainConfig
 from posttrain.config.build import objective_builder
-from posttrain.control.opd import check_entry
 from posttrain.placement.specs import RoleSpec
 from posttrain.placement.teacher import TEACHER, check_teacher_tokenizer
 from posttrain.run import online
 from posttrain.run.records import default_out_dir, quiet_libraries
-from posttrain.run.session import EntrySpec, RunSession
+from posttrain.run.session import RunSession, entry_spec
 
 __all__ = ["SPEC", "default_out_dir", "run", "train_from_cli"]
 
 #: The entry as the run session sees it: it only ever trains OPD (``job.algorithm=opd`` is
 #: appended after the user's overrides) and refuses a GRPO-family config.
-SPEC = EntrySpec(
-    "opd", pinned_opts=("job.algorithm=opd",), check=functools.partial(check_entry, entry="opd")
-)
+SPEC = entry_spec("opd")
 #: The roles the loop applies to each rollout before the reward stage.
 ROLES: tuple[RoleSpec, ...] = (TEACHER,)
 

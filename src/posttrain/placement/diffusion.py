@@ -1,9 +1,9 @@
-"""The diffusion policy role of the DPO entry, placed in-process or as one Ray actor.
+"""The diffusion policy role of the DPO entry, placed in-process or as one Ray actor
+(``placement/policy_only.py``).
 
 The role owns the UNet, its trainer (built by the entry's ``build_trainer``, which travels by
 module and name like an objective builder) and the run's checkpoints; it also samples, because
-it holds the weights. ``placement.backend=ray`` hosts the very same class in a Ray actor, so both
-placements compute the same numbers.
+it holds the weights.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from posttrain.config import PosttrainConfig, to_dict
@@ -59,28 +58,6 @@ class DiffusionPolicyRole:
         return sample(self.model, self.scheduler, labels, seeds, steps, eta)
 
 
-class LocalDiffusion:
-    """The role in this process."""
-
-    def __init__(self, policy: DiffusionPolicyRole) -> None:
-        self.policy = policy
-
-    def close(self) -> None:
-        pass
-
-
-class RayDiffusion:
-    """The role in one Ray actor, behind the same methods."""
-
-    def __init__(self, actors, policy, owns_ray: bool) -> None:
-        self.actors, self.policy, self.owns_ray = actors, policy, owns_ray
-
-    def close(self) -> None:
-        from posttrain.placement.ray import release
-
-        release(self.actors, self.owns_ray)
-
-
 def place_diffusion(
     config: PosttrainConfig,
     config_path: str,
@@ -88,42 +65,9 @@ def place_diffusion(
     build_trainer_fn: TrainerBuilder,
     run_dir: str,
 ):
-    """The policy role where ``placement.backend`` says (``.policy``, ``.close()``)."""
-    if config.placement.backend == "local":
-        torch.set_num_threads(config.placement.torch_threads_per_process)  # as place_local does
-        return LocalDiffusion(DiffusionPolicyRole(config, build_trainer_fn, run_dir))
-    return _place_ray(config, config_path, opts, build_trainer_fn, run_dir)
+    """The policy role where ``placement.backend`` says (``.policy``, ``.close()``): the
+    policy-only placement DPO shares with SFT (``placement/policy_only.py``)."""
+    from posttrain.placement.policy_only import place_policy_only
 
-
-def _place_ray(config, config_path, opts, build_trainer_fn, run_dir) -> RayDiffusion:
-    from posttrain.placement.ray import (
-        START_TIMEOUT_S,
-        _check_serialisable,
-        _check_worker_configs,
-        connect,
-        host_actor,
-        release,
-    )
-    from posttrain.placement.ray_actors import ActorGroup, RemoteRole
-    from posttrain.placement.ray_host import PolicyHost
-
-    _check_serialisable(build_trainer_fn)
-    pc = config.placement
-    owns_ray = connect(pc, actors=1, model_actors=1)
-    run_dir = str(Path(run_dir).resolve())
-    device = "cuda" if pc.gpus_per_role > 0 else None
-    actors = ActorGroup(checkpoints=str(Path(run_dir) / "checkpoints"),
-                     call_timeout_s=pc.role_call_timeout_s)  # fmt: skip
-    name = "policy rank 0"
-    try:
-        actors.handles[name] = host_actor(pc, PolicyHost, pc.gpus_per_role)
-        kwargs = {"build_trainer_fn": build_trainer_fn, "run_dir": run_dir, "device": device}
-        start = actors.handles[name].start.remote(
-            DiffusionPolicyRole, config_path, list(opts), kwargs
-        )
-        resolved = actors.gather([(name, start)], START_TIMEOUT_S)[0]
-        _check_worker_configs(to_dict(config), {name: resolved})
-    except BaseException:
-        release(actors, owns_ray)
-        raise
-    return RayDiffusion(actors, RemoteRole(actors, name), owns_ray)
+    kwargs = {"build_trainer_fn": build_trainer_fn}
+    return place_policy_only(config, config_path, opts, DiffusionPolicyRole, kwargs, run_dir)

@@ -1,6 +1,6 @@
 """The run session: everything between a command line and an entry's loop body, once.
 
-An entry (``grpo``, ``opd``, ``dpo``) is a small spec: the settings it pins, its own refusals,
+An entry (``entrypoints/registry.py``) is a small spec: the settings it pins, its own refusals,
 how it places its roles and what one step does. The session owns the rest, the same way for every
 entry::
 
@@ -14,6 +14,7 @@ so a signal, a collision or a truncated history is handled identically by all en
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +50,20 @@ class EntrySpec:
     name: str
     pinned_opts: tuple[str, ...] = ()
     check: Callable[[PosttrainConfig], None] = _no_check
+
+
+def entry_spec(name: str) -> EntrySpec:
+    """The session's spec of registered entry ``name``: its pinned label (appended after the
+    user's overrides) and the check that refuses another entry's config."""
+    from posttrain.control.entries import check_entry
+    from posttrain.entrypoints.registry import entry
+
+    pinned = entry(name).pinned_label
+    return EntrySpec(
+        name,
+        (f"job.algorithm={pinned}",) if pinned else (),
+        functools.partial(check_entry, name=name),
+    )
 
 
 class Placed(Protocol):
@@ -223,4 +238,4 @@ def report_lines(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["EntrySpec", "LoopBody", "Placed", "RunSession", "report_lines"]
+__all__ = ["EntrySpec", "LoopBody", "Placed", "RunSession", "entry_spec", "report_lines"]
