@@ -15,6 +15,7 @@ the process that runs environments and what a resumed run imports again.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import numbers
 import re
@@ -146,14 +147,27 @@ def load_environment(spec: str, tools: Sequence[str] = ()) -> EnvFactory:
 
 
 def make_environment(factory: EnvFactory, spec: str) -> Environment:
-    """Call the factory and check that it returned an environment, in one line if not."""
+    """Call the factory and check that it returned an environment, in one line if not.
+
+    A factory that raises is the user's code failing: one line naming it and its exception,
+    as a reward function that fails to import is (the traceback is for ``--debug``).
+    """
     try:
-        env = factory()
+        inspect.signature(factory).bind()
     except TypeError as e:
         raise EnvironmentSpecError(
             f"environment {spec!r}: cannot be called with no arguments ({e}); make it a "
             "function of no arguments (or a functools.partial) that returns an environment"
         ) from None
+    except ValueError:
+        pass  # no introspectable signature: the call below tells
+    try:
+        env = factory()
+    except Exception as e:  # the user's factory failed
+        raise EnvironmentSpecError(
+            f"environment {spec!r}: the factory raised {type(e).__name__}: {e}; fix the factory "
+            "(it is called with no arguments, once per trajectory)"
+        ) from e
     missing = [m for m in ("reset", "step") if not callable(getattr(env, m, None))]
     if missing:
         raise EnvironmentSpecError(
