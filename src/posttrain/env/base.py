@@ -198,6 +198,13 @@ def check_messages(messages: Any, where: str) -> list[Message]:
             )
         if not isinstance(m.get("content"), str):
             raise EnvironmentFailedError(f"{where}: message {i} has no 'content' string")
+        try:  # a lone surrogate (surrogateescape-decoded bytes) reaches no tokenizer
+            m["content"].encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise EnvironmentFailedError(
+                f"{where}: message {i}'s content is not valid text (character {e.start}); "
+                "decode bytes with errors='replace'"
+            ) from None
     return messages
 
 
