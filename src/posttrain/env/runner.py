@@ -20,6 +20,7 @@ character: no tokenizer can read it (:func:`valid_text`).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -124,10 +125,10 @@ class ToolRunner:
             conn.close()
         if proc is None:
             return
-        try:  # the group the worker leads (setsid): a tool's children die with it
+        # the group the worker leads (setsid): a tool's children die with it (no such group:
+        # the worker was killed before its setsid ran, or it is gone)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # not its own group yet (killed before setsid ran) or already gone
         if proc.is_alive():
             proc.kill()
         proc.join()
