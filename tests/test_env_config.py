@@ -60,7 +60,7 @@ def test_preflight_imports_the_environment(tmp_path, monkeypatch) -> None:
     )
     assert (
         "environment 'keyed_env:make': info key 'reward' is reserved (the driver's own "
-        "env_tokens, policy_tokens, reward, truncation, turns); rename it"
+        "dropped_observations, env_tokens, policy_tokens, reward, truncation, turns); rename it"
     ) in _preflight(name="keyed_env:make")
 
 

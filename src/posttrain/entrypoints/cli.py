@@ -45,6 +45,11 @@ def config_show(args: argparse.Namespace, overrides: list[str]) -> int:
 
         refuse_online_overrides(overrides, config)
     check_data(config)
+    if config.env.name:  # the template and the opening prompt, with the tokenizer only
+        from posttrain.control.data_checks import build_tasks
+        from posttrain.control.env_inputs import check_environment_inputs
+
+        check_environment_inputs(config, build_tasks(config))
     sys.stdout.write(to_yaml(config))
     if objective_family(config) != "dpo":  # comment lines: the output still loads as YAML
         from posttrain.control.memory import report

@@ -78,9 +78,11 @@ BUILTIN: dict[str, str] = {
 EnvFactory = Callable[[], Environment]
 
 #: Info keys an environment cannot declare: the episode's own counts (``turns``,
-#: ``policy_tokens``, ``env_tokens``) and the names whose ``env_<key>`` column the multi-turn
+#: ``policy_tokens``, ``env_tokens``, ``dropped_observations``) and the names whose ``env_<key>`` column the multi-turn
 #: batch already holds (``env_reward``, ``env_truncation``).
-RESERVED_INFO_KEYS = frozenset({"turns", "policy_tokens", "env_tokens", "reward", "truncation"})
+RESERVED_INFO_KEYS = frozenset(
+    {"turns", "policy_tokens", "env_tokens", "dropped_observations", "reward", "truncation"}
+)
 _INFO_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 

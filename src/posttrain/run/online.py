@@ -25,6 +25,7 @@ from typing import Any
 from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.config.user_code import check_builder
 from posttrain.control.data_checks import load_tasks
+from posttrain.control.env_inputs import check_environment_inputs
 from posttrain.control.input_checks import check_inputs
 from posttrain.data.tasks import TaskItem, TaskSource
 from posttrain.model.loading import load_tokenizer
@@ -59,6 +60,7 @@ def run(
     config = session.config
     tasks = load_tasks(config)  # data errors surface before any model loads
     check_model_source(config)
+    check_environment_inputs(config, tasks)  # multi-turn: template and prompt, tokenizer only
     if prepare is not None:  # it reads the starting model's files: before the run directory
         ensure_model(config)
         prepare(config)
