@@ -169,3 +169,21 @@ def test_an_environment_message_that_is_not_text_is_one_line(tok) -> None:
         "environment on item 0: message 0's content is not valid text (character 0); decode "
         "bytes with errors='replace'"
     )
+
+
+def test_the_reward_role_closes_its_tools_at_the_end_of_the_roles(tmp_path) -> None:
+    """The roles' close (local and Ray) ends the tool workers and their children: a Ray actor
+    is killed without atexit."""
+    from posttrain.env.tools import shared_runner
+    from posttrain.placement.roles import RewardRole
+
+    tool = make_tool(spawn)
+    env = ToolsEnv([tool], call_format="compact")
+    pid = int(env.step([{"role": "assistant", "content": "<tool_call>60</tool_call>"}])
+              .messages[0]["content"])  # fmt: skip
+    role = RewardRole.__new__(RewardRole)  # the close path alone (no model to load)
+    role.episodes = object()
+    role.close_tools()
+    assert _gone(pid) and shared_runner((tool,), 5.0) is env.runner
+    role.episodes = None
+    role.close_tools()  # single-turn: nothing to close

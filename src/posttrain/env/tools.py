@@ -189,6 +189,13 @@ def shared_runner(tools: tuple[Tool, ...], timeout_s: float) -> ToolRunner:
     return _RUNNERS[key]
 
 
+def close_runners() -> None:
+    """Stop every shared worker and what its tools started (the end of a run's roles; the next
+    call in this process starts a fresh worker)."""
+    for runner in _RUNNERS.values():
+        runner.close()
+
+
 class ToolsEnv:
     """Answers each assistant turn's tool calls with their results; no call ends the episode.
 
