@@ -209,8 +209,8 @@ def test_custom_info_keys_become_columns_and_metrics() -> None:
     assert m["env/call_right_mean"] == 0.5 and m["env/answer_hits_mean"] == 0.4375
     assert m["env/turns_mean"] == 1.75 and "env/tool_calls_mean" not in m
     assert sorted(k for k in m if k.endswith("_mean")) == [
-        "env/answer_hits_mean", "env/call_right_mean", "env/env_tokens_mean",
-        "env/policy_tokens_mean", "env/turns_mean",
+        "env/answer_hits_mean", "env/call_right_mean", "env/dropped_observations_mean",
+        "env/env_tokens_mean", "env/policy_tokens_mean", "env/turns_mean",
     ]  # fmt: skip
     # the same columns when no row of a batch reports a key (declared, so the set is fixed)
     quiet = _scored(tok, [["stop"], ["stop"]])
@@ -381,6 +381,7 @@ def test_samples_hold_whole_trajectories(tmp_path, model_dir) -> None:
             assert t["policy_tokens"] == sum(s["tokens"] for s in segs if "policy" in s)
             assert t["turns"] == len([s for s in segs if "policy" in s])
             assert row["prompt"] in t["opening"]
+            assert t["info"]["nudges"] <= t["turns"]  # the environment's declared count
             env = [s["environment"] for s in segs if "environment" in s]
             assert all("U:more" in e for e in env)  # the environment's turns, as rendered
             # the last policy turn, without its special tokens, is the completion scored

@@ -159,7 +159,8 @@ def trajectory_records(batch: TrajectoryBatch, tokenizer, rows: int) -> list[dic
     """What each of the first ``rows`` multi-turn trajectories holds, for ``samples/``: the
     opening prompt as rendered, then every segment in order, the policy's turns (tool calls
     included) and the environment's observations (tool responses, user turns, the template's
-    markers), each decoded as it stands in the ids with its token count; ``None`` for a
+    markers), each decoded as it stands in the ids with its token count, and the environment's
+    declared info counts; ``None`` for a
     single-turn batch (its sample rows stay as they were)."""
     if TRUNCATION_COLUMN not in batch.columns:
         return None
@@ -188,5 +189,10 @@ def trajectory_records(batch: TrajectoryBatch, tokenizer, rows: int) -> list[dic
             "policy_tokens": sum(policy),
             "env_tokens": len(policy) - sum(policy),
             "truncated": TRUNCATIONS[truncation - 1] if truncation else None,
+            "info": {  # the environment's declared counts (tool_calls, tool_errors, ...)
+                col.removeprefix(PREFIX): float(batch.columns[col][i])
+                for col in batch.columns
+                if col.startswith(PREFIX) and col not in (*NOT_INFO, info_column("turns"))
+            },
         })  # fmt: skip
     return out
