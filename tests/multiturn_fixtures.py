@@ -117,17 +117,18 @@ def length_reward(prompt: str, completion: str, answer: str, meta: dict) -> floa
 
 
 class PidChatty(Chatty):
-    """:class:`Chatty` that notes the process it runs in, once per episode, in the folder
+    """:class:`Chatty` that notes the process it answers turns in, at each step, in the folder
     ``mt_pids`` of its working directory when there is one (a Ray actor works in its driver's
-    directory, whichever Ray instance it joined)."""
+    directory, whichever Ray instance it joined). Steps, not resets: preflight resets an
+    environment in the driver to measure its opening prompt, but never steps one."""
 
-    def reset(self, item):
+    def step(self, messages):
         import os
 
         where = Path("mt_pids")
         if where.is_dir():
             (where / f"{os.getpid()}").write_text("env")
-        return super().reset(item)
+        return super().step(messages)
 
 
 def pid_chatty() -> PidChatty:

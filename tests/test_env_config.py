@@ -60,7 +60,7 @@ def test_preflight_imports_the_environment(tmp_path, monkeypatch) -> None:
     )
     assert (
         "environment 'keyed_env:make': info key 'reward' is reserved (the driver's own "
-        "env_tokens, policy_tokens, reward, truncation, turns); rename it"
+        "dropped_observations, env_tokens, policy_tokens, reward, truncation, turns); rename it"
     ) in _preflight(name="keyed_env:make")
 
 
@@ -92,3 +92,30 @@ def test_cli_names_a_missing_environment_in_one_line(tmp_path) -> None:
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and out.stderr.strip().count("\n") == 0
     assert "cannot import module 'missing_env'" in out.stderr
+
+
+def test_a_factory_that_raises_is_one_line_naming_it_and_its_exception(tmp_path) -> None:
+    """Issue 33 item 2: a raising factory gave a 39-line traceback from `config show`."""
+    (tmp_path / "bad_env.py").write_text('def broken():\n    raise RuntimeError("x")\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "posttrain.entrypoints.cli", "config", "show", "--config",
+         "arithmetic", "--", "env.name=bad_env:broken"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.strip().count("\n") == 0, out.stderr
+    assert (
+        "environment 'bad_env:broken': the factory raised RuntimeError: x; fix the factory"
+    ) in out.stderr
+
+
+def test_a_factory_raising_type_error_inside_is_not_called_an_arity_error(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "typo_env.py").write_text("def make():\n    return len(3)\n")
+    line = _preflight(name="typo_env:make")
+    assert "the factory raised TypeError: object of type 'int' has no len()" in line
+    (tmp_path / "arity_env.py").write_text("def make(size):\n    return size\n")
+    assert "cannot be called with no arguments" in _preflight(name="arity_env:make")

@@ -91,6 +91,7 @@ def test_trajectories_finish_at_different_turns(tok) -> None:
     assert eps[1].info == {
         "tool_calls": 1, "tool_errors": 0, "tool_timeouts": 0, "turns": 2,
         "policy_tokens": eps[1].info["policy_tokens"], "env_tokens": eps[1].info["env_tokens"],
+        "dropped_observations": 0,
     }  # fmt: skip
     assert eps[2].info["tool_calls"] == 3
     assert all(e.reward is None for e in eps)  # the calculator leaves scoring to the reward stage
@@ -131,10 +132,12 @@ def test_context_limit_shrinks_the_turn_and_drops_the_observation(tok) -> None:
     assert (eps[0].turns, eps[0].truncated) == (1, "context")
     assert len(eps[0].ids) < limits.max_context
     assert eps[0].messages[-1]["role"] == "assistant"  # the answer was not appended
+    assert eps[0].info["dropped_observations"] == 1  # counted (issue 33 item 5)
     # a budget smaller than the turn limit, used up: truncated by the context
     limits = EpisodeLimits(5, 500, prompt_len + 10)
     eps, _ = run(tok, {0: [call("12+7")]}, limits, items=ITEMS[:1])
     assert (eps[0].truncated, len(eps[0].ids)) == ("context", limits.max_context)
+    assert eps[0].info["dropped_observations"] == 0  # the turn was cut, nothing dropped
 
 
 def test_prompt_longer_than_the_context_is_truncated_without_a_turn(tok) -> None:
@@ -306,7 +309,7 @@ def test_numpy_numbers_are_info_values(tok) -> None:
         ("asks", "info_keys = 'asks' is not a list of names; declare info_keys = ('my_count', ...)"),
         (("asks", "a b"), "info key 'a b' is not a name; use letters, digits and '_', starting "
                           "with a letter"),
-        (("reward",), "info key 'reward' is reserved (the driver's own env_tokens, "
+        (("reward",), "info key 'reward' is reserved (the driver's own dropped_observations, env_tokens, "
                       "policy_tokens, reward, truncation, turns); rename it"),
         (("asks", "asks"), "info_keys lists ['asks'] twice; list each once"),
     ],
@@ -330,5 +333,5 @@ def test_preflight_refuses_a_reserved_info_key() -> None:
         check_environment("multiturn_fixtures:reserved_info")
     assert str(e.value) == (
         "environment 'multiturn_fixtures:reserved_info': info key 'turns' is reserved (the "
-        "driver's own env_tokens, policy_tokens, reward, truncation, turns); rename it"
+        "driver's own dropped_observations, env_tokens, policy_tokens, reward, truncation, turns); rename it"
     )

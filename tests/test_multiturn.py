@@ -209,8 +209,8 @@ def test_custom_info_keys_become_columns_and_metrics() -> None:
     assert m["env/call_right_mean"] == 0.5 and m["env/answer_hits_mean"] == 0.4375
     assert m["env/turns_mean"] == 1.75 and "env/tool_calls_mean" not in m
     assert sorted(k for k in m if k.endswith("_mean")) == [
-        "env/answer_hits_mean", "env/call_right_mean", "env/env_tokens_mean",
-        "env/policy_tokens_mean", "env/turns_mean",
+        "env/answer_hits_mean", "env/call_right_mean", "env/dropped_observations_mean",
+        "env/env_tokens_mean", "env/policy_tokens_mean", "env/turns_mean",
     ]  # fmt: skip
     # the same columns when no row of a batch reports a key (declared, so the set is fixed)
     quiet = _scored(tok, [["stop"], ["stop"]])
@@ -360,3 +360,53 @@ def test_a_tokenizer_without_a_usable_template_is_refused_when_the_reward_role_s
     with pytest.raises(TemplateError) as e:
         RewardRole(_config(plain, name="calculator", max_context=200))
     assert "no chat template" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_samples_hold_whole_trajectories(tmp_path, model_dir) -> None:
+    """Issue 33 item 9: a multi-turn run's samples/ held only the last turn."""
+    _run(tmp_path, model_dir, "mt-samples", **{"rl.max_steps": 1, "rl.eval_every": 1})
+    run = tmp_path / "out" / "grpo" / "mt-samples"
+    tok = build_tools_tokenizer()
+    for path in (
+        run / "samples" / "train" / "step_000001.jsonl",
+        run / "samples" / "step_000001.jsonl",
+    ):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        assert rows
+        for row in rows:
+            t = row["trajectory"]
+            segs = t["segments"]
+            assert [next(iter(s)) for s in segs][::2] == ["policy"] * len(segs[::2])  # alternate
+            assert sum(s["tokens"] for s in segs) == t["policy_tokens"] + t["env_tokens"]
+            assert t["policy_tokens"] == sum(s["tokens"] for s in segs if "policy" in s)
+            assert t["turns"] == len([s for s in segs if "policy" in s])
+            assert row["prompt"] in t["opening"]
+            assert t["info"]["nudges"] <= t["turns"]  # the environment's declared count
+            env = [s["environment"] for s in segs if "environment" in s]
+            assert all("U:more" in e for e in env)  # the environment's turns, as rendered
+            # the last policy turn, without its special tokens, is the completion scored
+            last = tok.decode(
+                tok(segs[-1 if "policy" in segs[-1] else -2]["policy"], add_special_tokens=False)[
+                    "input_ids"
+                ],
+                skip_special_tokens=True,
+            )
+            assert last == row["completion"]
+        assert any(r["trajectory"]["turns"] > 1 for r in rows)
+
+
+def test_single_turn_samples_are_unchanged(tmp_path) -> None:
+    from posttrain.config import load_config
+    from posttrain.config.build import build_objective
+    from posttrain.entrypoints import grpo
+
+    opts = [f"job.output_root={tmp_path}", "data.train_size=8", "data.val_size=2",
+            "data.prompts_per_step=2", "rollout.n=2", "rl.max_steps=1", "rl.eval_every=1",
+            "logging.progress=false", "model.init_preset=tiny",
+            f"model.name_or_path={tmp_path / 'tiny'}"]  # fmt: skip
+    config = load_config("arithmetic", ["--", *opts])
+    summary = grpo.run(config, "arithmetic", opts, grpo.default_out_dir(config), build_objective)
+    for path in sorted((Path(summary["run_dir"]) / "samples").rglob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            assert set(json.loads(line)) <= {"prompt", "answer", "completion", "reward",
+                                             "correct", "advantage"}  # fmt: skip

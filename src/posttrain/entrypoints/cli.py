@@ -46,6 +46,11 @@ def config_show(args: argparse.Namespace, overrides: list[str]) -> int:
     warnings = run_preflight(config)
     refuse_unread_overrides(overrides, config)  # what its entry refuses on its command line
     check_data(config)
+    if config.env.name:  # the template and the opening prompt, with the tokenizer only
+        from posttrain.control.data_checks import build_tasks
+        from posttrain.control.env_inputs import check_environment_inputs
+
+        check_environment_inputs(config, build_tasks(config))
     sys.stdout.write(to_yaml(config))
     if entry(objective_family(config)).memory_report:  # comment lines: the output loads as YAML
         from posttrain.control.memory import report

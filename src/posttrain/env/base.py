@@ -15,6 +15,7 @@ the process that runs environments and what a resumed run imports again.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import numbers
 import re
@@ -77,9 +78,11 @@ BUILTIN: dict[str, str] = {
 EnvFactory = Callable[[], Environment]
 
 #: Info keys an environment cannot declare: the episode's own counts (``turns``,
-#: ``policy_tokens``, ``env_tokens``) and the names whose ``env_<key>`` column the multi-turn
+#: ``policy_tokens``, ``env_tokens``, ``dropped_observations``) and the names whose ``env_<key>`` column the multi-turn
 #: batch already holds (``env_reward``, ``env_truncation``).
-RESERVED_INFO_KEYS = frozenset({"turns", "policy_tokens", "env_tokens", "reward", "truncation"})
+RESERVED_INFO_KEYS = frozenset(
+    {"turns", "policy_tokens", "env_tokens", "dropped_observations", "reward", "truncation"}
+)
 _INFO_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
@@ -146,14 +149,27 @@ def load_environment(spec: str, tools: Sequence[str] = ()) -> EnvFactory:
 
 
 def make_environment(factory: EnvFactory, spec: str) -> Environment:
-    """Call the factory and check that it returned an environment, in one line if not."""
+    """Call the factory and check that it returned an environment, in one line if not.
+
+    A factory that raises is the user's code failing: one line naming it and its exception,
+    as a reward function that fails to import is (the traceback is for ``--debug``).
+    """
     try:
-        env = factory()
+        inspect.signature(factory).bind()
     except TypeError as e:
         raise EnvironmentSpecError(
             f"environment {spec!r}: cannot be called with no arguments ({e}); make it a "
             "function of no arguments (or a functools.partial) that returns an environment"
         ) from None
+    except ValueError:
+        pass  # no introspectable signature: the call below tells
+    try:
+        env = factory()
+    except Exception as e:  # the user's factory failed
+        raise EnvironmentSpecError(
+            f"environment {spec!r}: the factory raised {type(e).__name__}: {e}; fix the factory "
+            "(it is called with no arguments, once per trajectory)"
+        ) from e
     missing = [m for m in ("reset", "step") if not callable(getattr(env, m, None))]
     if missing:
         raise EnvironmentSpecError(
@@ -184,6 +200,13 @@ def check_messages(messages: Any, where: str) -> list[Message]:
             )
         if not isinstance(m.get("content"), str):
             raise EnvironmentFailedError(f"{where}: message {i} has no 'content' string")
+        try:  # a lone surrogate (surrogateescape-decoded bytes) reaches no tokenizer
+            m["content"].encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise EnvironmentFailedError(
+                f"{where}: message {i}'s content is not valid text (character {e.start}); "
+                "decode bytes with errors='replace'"
+            ) from None
     return messages
 
 

@@ -11,7 +11,8 @@ Bounds, each marking the episode ``truncated`` with its reason: ``max_turns`` po
 (``"max_turns"``), ``max_turn_tokens`` per turn (``"turn_tokens"``, a turn cut before its stop
 token ends the episode: its text may hold half a tool call), and ``max_context`` ids in all
 (``"context"``: the turn budget shrinks to what is left, and an observation that would leave no
-room is not appended).
+room is not appended: it is counted as ``dropped_observations``, and the training host warns
+once a run).
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ class EpisodeLimits:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
+#: The entry of :attr:`Episode.info` that is 1 when an observation was dropped because it did
+#: not fit ``max_context`` (published as ``env/dropped_observations_mean``).
+DROPPED = "dropped_observations"
+
 #: Entries of :attr:`Episode.info` that count the trajectory's tokens (the policy mask holds
 #: them too, so a batch derives them from the mask rather than carrying them twice).
 TOKEN_COUNTS = ("policy_tokens", "env_tokens")
@@ -72,7 +77,7 @@ class Episode:
 
     ``reward`` sums the environment's step rewards (``None`` if it gave none); ``info`` sums
     its step infos, one entry per declared info key (0 where no step reported it), and adds
-    ``turns`` and the :data:`TOKEN_COUNTS`.
+    ``turns``, the :data:`TOKEN_COUNTS` and :data:`DROPPED`.
     """
 
     ids: list[int]
@@ -101,6 +106,8 @@ class _State:
     truncated: str | None = None
     done: bool = False
     finished: bool = False
+    #: Why the environment's last observation was dropped (it did not fit the context).
+    dropped: str | None = None
 
     def finish(self, truncated: str | None = None, done: bool = False) -> None:
         self.truncated, self.done, self.finished = truncated, done, True
@@ -109,6 +116,7 @@ class _State:
         info = dict(self.info)
         info |= {"turns": self.turns, "policy_tokens": self.traj.policy_tokens}
         info["env_tokens"] = self.traj.env_tokens
+        info[DROPPED] = int(self.dropped is not None)
         return Episode(
             ids=self.traj.ids,
             mask=self.traj.mask,
@@ -183,6 +191,12 @@ def _take_turn(
         stop_text=decode(tokenizer, out[-1:]), tools=s.tools,
     )  # fmt: skip
     if len(s.traj.ids) + len(seg.ids) >= limits.max_context:
+        s.dropped = (
+            f"{where} turn {s.turns}: the environment's observation of {len(seg.ids)} tokens "
+            f"did not fit max_context={limits.max_context} after the trajectory's "
+            f"{len(s.traj.ids)}, so it was dropped and the episode ended (truncated by the "
+            "context)"
+        )
         s.finish("context")
         return
     s.traj.add(seg.ids, policy=False)
@@ -253,6 +267,10 @@ class EpisodeBatch:
 
     def episodes(self) -> list[Episode]:
         return [s.episode() for s in self.states]
+
+    def dropped(self) -> list[str]:
+        """Why each dropped observation was dropped (one line each), in trajectory order."""
+        return [s.dropped for s in self.states if s.dropped is not None]
 
 
 def run_episodes(

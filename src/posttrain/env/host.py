@@ -8,6 +8,7 @@ engine, so both sides stay in their own processes under Ray and in one under loc
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ from posttrain.env.base import (
 )
 from posttrain.env.episode import Episode, EpisodeBatch, EpisodeLimits, TurnRequest
 from posttrain.env.render import check_template
+
+log = logging.getLogger("posttrain")
 
 
 def env_item(item: TaskItem) -> dict[str, Any]:
@@ -57,6 +60,7 @@ class EpisodeHost:
         self.name = f"environment {env.name!r}"
         self.info_keys = environment_info_keys(probe, self.name)
         self._batch: EpisodeBatch | None = None
+        self._warned = False
 
     def open(self, items: Sequence[TaskItem]) -> list[TurnRequest]:
         """Reset one environment per row; the first turn of each trajectory."""
@@ -72,6 +76,14 @@ class EpisodeHost:
         if self._batch is None:
             raise RuntimeError("advance_episodes before open_episodes")
         self._batch.advance(outs)
+        dropped = self._batch.dropped()
+        if dropped and not self._warned:  # once a run; every one is counted in the metrics
+            self._warned = True
+            log.warning(
+                "%s; raise env.max_context to keep observations (each dropped one is counted: "
+                "train/env/dropped_observations_mean; this warning is shown once)",
+                dropped[0],
+            )
         return self._batch.requests()
 
     def close(self) -> list[Episode]:

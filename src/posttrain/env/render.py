@@ -138,7 +138,10 @@ def check_template(
     stop = tokenizer.eos_token if stop_text is None else stop_text
     if getattr(tokenizer, "chat_template", None) is None:
         raise TemplateError(
-            "the tokenizer has no chat template; multi-turn rollouts render every turn with one"
+            "the tokenizer has no chat template; multi-turn rollouts render every turn with "
+            "one: set model.tokenizer_path to a tokenizer folder whose tokenizer_config.json has "
+            "a prefix-stable chat_template (a tiny model from scratch: model.init_preset="
+            "arith_tools, with tool markers and a template)"
         )
     history: list[Message] = [{"role": "user", "content": "What is 12 + 7?"}]
     prompt = render(tokenizer, history, tools, generation_prompt=True)

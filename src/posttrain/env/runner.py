@@ -3,18 +3,27 @@
 A thread cannot be stopped, so a tool stuck in C code (a regex, a big-integer power, a socket)
 would hold the caller forever; a process can be killed. A process start per call would add up
 over thousands of rollouts, so one worker is forked lazily and serves calls over a pipe.
-**Policy at the limit**: the worker is killed, the call answers a timeout outcome
+**Policy at the limit**: the worker and every process a tool started (the worker leads its
+own process group) are killed, the call answers a timeout outcome
 (the model reads it as the tool's output), and the next call forks a fresh worker. A worker that
 dies mid-call (a segfault, ``os._exit``) is answered the same way, as an error.
 
 The worker is forked once from the process that runs environments; what a tool does (open files,
-import modules) happens in the worker, so a tool cannot change the caller's state either.
+import modules) happens in the worker, so a tool cannot change the caller's state either. The
+group is killed at exit too, so a tool's ``sleep`` child does not outlive the run (a child that
+starts a session of its own leaves the group and is beyond reach).
+
+Output that is not valid text (a lone surrogate) is answered as the call's error, naming the
+character: no tokenizer can read it (:func:`valid_text`).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing as mp
+import os
+import signal
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,8 +56,29 @@ def as_text(value: Any) -> str:
     return str(value)
 
 
+def valid_text(ok: bool, text: str) -> tuple[bool, str]:
+    """``(ok, text)``, or an error naming the first character that is not text: a lone
+    surrogate (bytes decoded with ``surrogateescape``) cannot be encoded, so no tokenizer reads
+    it. The model reads that error rather than a guess at the bytes (the call counts as failed).
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start : e.end].encode("unicode_escape").decode("ascii")
+        return False, (
+            f"the tool's output is not valid text ({bad} at character {e.start}); a tool "
+            "returns str of valid Unicode (decode bytes with errors='replace')"
+        )
+    return ok, text
+
+
 def _serve(conn: Any, functions: Sequence[Callable[..., Any]]) -> None:
-    """Worker loop: ``(index, kwargs)`` in, ``(ok, text)`` out, until the pipe closes."""
+    """Worker loop: ``(index, kwargs)`` in, ``(ok, text)`` out, until the pipe closes.
+
+    The worker leads its own session (so its own process group): whatever a tool starts is in
+    that group, and :meth:`ToolRunner.close` kills the whole group, not the worker alone.
+    """
+    os.setsid()
     while True:
         try:
             index, kwargs = conn.recv()
@@ -58,7 +88,7 @@ def _serve(conn: Any, functions: Sequence[Callable[..., Any]]) -> None:
             reply = (True, as_text(functions[index](**kwargs)))
         except Exception as e:  # the tool's own failure is its output, not ours
             reply = (False, f"{type(e).__name__}: {e}")
-        conn.send(reply)
+        conn.send(valid_text(*reply))
 
 
 class ToolRunner:
@@ -87,15 +117,21 @@ class ToolRunner:
         self.starts += 1
 
     def close(self) -> None:
-        """Stop the worker (killed; a tool's call in flight is abandoned)."""
+        """Stop the worker and every process a tool started (its process group, killed; a
+        tool's call in flight is abandoned). Runs at a time limit, a crash, and at exit."""
         proc, conn = self._proc, self._conn
         self._proc = self._conn = None
         if conn is not None:
             conn.close()
-        if proc is not None and proc.is_alive():
+        if proc is None:
+            return
+        # the group the worker leads (setsid): a tool's children die with it (no such group:
+        # the worker was killed before its setsid ran, or it is gone)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.is_alive():
             proc.kill()
-        if proc is not None:
-            proc.join()
+        proc.join()
 
     def call(self, index: int, kwargs: dict[str, Any]) -> Outcome:
         """Run one call; a timeout kills the worker and answers a timed-out error."""

@@ -93,6 +93,20 @@ class ToolCall:
     error: str | None = None
 
 
+def _loads(body: str) -> tuple[Any, str | None]:
+    """``json.loads(body)`` and None, or None and why not. Whatever the policy writes is data:
+    nesting past the parser's recursion limit and integers past Python's digit limit are
+    reasons the call fails (the model reads them), never exceptions out of the step."""
+    try:
+        return json.loads(body), None
+    except json.JSONDecodeError as e:
+        return None, f"{e.msg} at {e.pos}"
+    except RecursionError:
+        return None, "nested too deeply"
+    except ValueError as e:  # e.g. an integer of more digits than int() converts
+        return None, str(e).split(";")[0]
+
+
 def parse_tool_calls(text: str) -> list[ToolCall]:
     """Every ``<tool_call>...</tool_call>`` in ``text``; malformed ones carry their error.
 
@@ -100,20 +114,16 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     """
     calls: list[ToolCall] = []
     for body in _CALL.findall(text):
-        try:
-            data = json.loads(body)
-        except json.JSONDecodeError as e:
-            calls.append(ToolCall("", {}, f"the call is not valid JSON ({e.msg} at {e.pos})"))
+        data, error = _loads(body)
+        if error is not None:
+            calls.append(ToolCall("", {}, f"the call is not valid JSON ({error})"))
             continue
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             calls.append(ToolCall("", {}, 'the call must be {"name": ..., "arguments": {...}}'))
             continue
         arguments = data.get("arguments", {})
         if isinstance(arguments, str):  # OpenAI sends arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                arguments = None
+            arguments, _ = _loads(arguments)
         if not isinstance(arguments, dict):
             calls.append(ToolCall(data["name"], {}, "'arguments' must be a JSON object"))
             continue
@@ -179,15 +189,26 @@ def shared_runner(tools: tuple[Tool, ...], timeout_s: float) -> ToolRunner:
     return _RUNNERS[key]
 
 
+def close_runners() -> None:
+    """Stop every shared worker and what its tools started (the end of a run's roles; the next
+    call in this process starts a fresh worker)."""
+    for runner in _RUNNERS.values():
+        runner.close()
+
+
 class ToolsEnv:
-    """Answers each assistant turn's tool calls with their results; no call ends the episode."""
+    """Answers each assistant turn's tool calls with their results; no call ends the episode.
+
+    ``tools`` are :class:`Tool` objects or plain typed functions with a Google-style docstring
+    (wrapped with :func:`make_tool`; one that has no schema is refused in one line).
+    """
 
     #: What :meth:`step` reports in ``EnvStep.info`` (see :class:`posttrain.env.base.Environment`).
     info_keys: tuple[str, ...] = ("tool_calls", "tool_errors", "tool_timeouts")
 
     def __init__(
         self,
-        tools: Sequence[Tool],
+        tools: Sequence[Tool | Callable[..., Any]],
         *,
         native_tools: bool = True,
         system: str | None = None,
@@ -195,7 +216,8 @@ class ToolsEnv:
         max_calls_per_turn: int = DEFAULT_MAX_CALLS,
         call_format: CallFormat = "json",
     ) -> None:
-        self.tool_list = tuple(tools)
+        # a plain typed, documented function is a tool (its schema from make_tool)
+        self.tool_list = tuple(t if isinstance(t, Tool) else make_tool(t) for t in tools)
         if call_format not in ("json", "compact"):
             raise EnvironmentSpecError(
                 f"tools environment: call_format must be 'json' or 'compact', got {call_format!r}"
@@ -250,7 +272,11 @@ class ToolsEnv:
         if not calls:
             return EnvStep(done=True, info={"tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0})
         outcomes = [self._run(call, i) for i, call in enumerate(calls)]
-        replies = [self._response(c.name, o) for c, o in zip(calls, outcomes, strict=True)]
+        # the name is the policy's text (JSON may spell a lone surrogate): escaped to text
+        replies = [
+            self._response(c.name.encode("utf-8", "backslashreplace").decode("utf-8"), o)
+            for c, o in zip(calls, outcomes, strict=True)
+        ]
         info = {
             "tool_calls": len(calls),
             "tool_errors": sum(not o.ok for o in outcomes),

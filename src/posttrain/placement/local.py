@@ -56,6 +56,7 @@ class LocalRoles:
         return version
 
     def close(self) -> None:
+        self.reward.close_tools()
         if self.deadlines is not None:
             self.deadlines.close()
 

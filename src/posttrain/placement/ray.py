@@ -140,6 +140,10 @@ class RayRoles:
         return version
 
     def close(self) -> None:
+        try:  # the tools' processes first: ray.kill ends the actor without its atexit
+            self.reward.close_tools()
+        except Exception as e:  # the reward actor is gone already (a failed run): nothing to end
+            log.debug("closing the reward role's tools: %s", e)
         release(self.actors, self.owns_ray)
 
 

@@ -258,6 +258,14 @@ class RewardRole:
     def close_episodes(self) -> list[Episode]:
         return self._episodes().close()
 
+    def close_tools(self) -> None:
+        """At the end of the run: the tool workers of this process and every process their
+        tools started are killed (a Ray actor is killed without running ``atexit``)."""
+        if self.episodes is not None:
+            from posttrain.env.tools import close_runners
+
+            close_runners()
+
     def _episodes(self) -> EpisodeHost:
         if self.episodes is None:
             raise RuntimeError("multi-turn episodes need env.name (no environment configured)")

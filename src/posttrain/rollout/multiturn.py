@@ -153,3 +153,46 @@ def env_metrics(batch: TrajectoryBatch) -> dict[str, float]:
     out["env/policy_tokens_mean"] = float(policy.mean())
     out["env/env_tokens_mean"] = float(env.mean())
     return out
+
+
+def trajectory_records(batch: TrajectoryBatch, tokenizer, rows: int) -> list[dict] | None:
+    """What each of the first ``rows`` multi-turn trajectories holds, for ``samples/``: the
+    opening prompt as rendered, then every segment in order, the policy's turns (tool calls
+    included) and the environment's observations (tool responses, user turns, the template's
+    markers), each decoded as it stands in the ids with its token count, and the environment's
+    declared info counts; ``None`` for a
+    single-turn batch (its sample rows stay as they were)."""
+    if TRUNCATION_COLUMN not in batch.columns:
+        return None
+    p = batch.prompt_width
+
+    def text(ids) -> str:
+        return tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+
+    out = []
+    for i in range(min(rows, batch.batch_size)):
+        attended = batch.attention_mask[i].bool()
+        prompt = batch.input_ids[i, :p][attended[:p]]
+        ids = batch.input_ids[i, p:][attended[p:]]
+        policy = batch.response_mask[i, : len(ids)].tolist()
+        segments, start = [], 0
+        for end in range(1, len(ids) + 1):
+            if end == len(ids) or policy[end] != policy[start]:
+                who = "policy" if policy[start] else "environment"
+                segments.append({who: text(ids[start:end]), "tokens": end - start})
+                start = end
+        truncation = int(batch.columns[TRUNCATION_COLUMN][i])
+        out.append({
+            "opening": text(prompt),
+            "segments": segments,
+            "turns": int(batch.columns[info_column("turns")][i]),
+            "policy_tokens": sum(policy),
+            "env_tokens": len(policy) - sum(policy),
+            "truncated": TRUNCATIONS[truncation - 1] if truncation else None,
+            "info": {  # the environment's declared counts (tool_calls, tool_errors, ...)
+                col.removeprefix(PREFIX): float(batch.columns[col][i])
+                for col in batch.columns
+                if col.startswith(PREFIX) and col not in (*NOT_INFO, info_column("turns"))
+            },
+        })  # fmt: skip
+    return out

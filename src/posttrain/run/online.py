@@ -25,6 +25,7 @@ from typing import Any
 from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.config.user_code import check_builder
 from posttrain.control.data_checks import load_tasks
+from posttrain.control.env_inputs import check_environment_inputs
 from posttrain.control.input_checks import check_inputs
 from posttrain.data.tasks import TaskItem, TaskSource
 from posttrain.model.loading import load_tokenizer
@@ -33,7 +34,7 @@ from posttrain.placement.reference import REFERENCE, reference_on_data
 from posttrain.placement.specs import RoleSpec, annotate
 from posttrain.reward.dynamic_sampling import sample_step
 from posttrain.reward.stage import ENV_REWARD_COLUMN
-from posttrain.rollout.multiturn import env_metrics, multiturn_rollout
+from posttrain.rollout.multiturn import env_metrics, multiturn_rollout, trajectory_records
 from posttrain.run.pipeline import Collected, Pipeline
 from posttrain.run.records import encode_prompts, sample_rows, write_rows, write_samples
 from posttrain.run.session import RunSession, report_lines
@@ -59,6 +60,7 @@ def run(
     config = session.config
     tasks = load_tasks(config)  # data errors surface before any model loads
     check_model_source(config)
+    check_environment_inputs(config, tasks)  # multi-turn: template and prompt, tokenizer only
     if prepare is not None:  # it reads the starting model's files: before the run directory
         ensure_model(config)
         prepare(config)
@@ -179,7 +181,9 @@ def evaluate(config, roles, tokenizer, items: Sequence[TaskItem], run_dir: Path,
     env = rollout.batch.columns.get(ENV_REWARD_COLUMN)  # multi-turn: the environment's reward
     metrics, scores = roles.reward.evaluate(rollout.texts, items, env)
     metrics.update(env_metrics(rollout.batch))
-    write_samples(run_dir / "samples" / f"step_{step:06d}.jsonl", items, rollout.texts, scores)
+    trajectories = trajectory_records(rollout.batch, tokenizer, len(items))  # None: one turn
+    write_samples(run_dir / "samples" / f"step_{step:06d}.jsonl", items, rollout.texts, scores,
+                  trajectories=trajectories)  # fmt: skip
     return {f"val/{k}": v for k, v in metrics.items()}
 
 
@@ -190,7 +194,8 @@ def collected(config, roles, tokenizer, tasks: TaskSource, cursor: int, step: in
     rollout = sampled.rollout
     keep = min(config.logging.train_samples_per_step, len(rollout.texts))
     rows = [sampled.items[i] for i in rollout.prompt_index[:keep].tolist()]
-    samples = sample_rows(rows, rollout.texts[:keep], result.scores, result.batch.advantages)
+    samples = sample_rows(rows, rollout.texts[:keep], result.scores, result.batch.advantages,
+                          trajectory_records(result.batch, tokenizer, keep))  # fmt: skip
     metrics = {f"train/{k.replace('reward/', 'reward_')}": v for k, v in result.metrics.items()}
     metrics.update({f"train/{k}": v for k, v in sampled.metrics.items()})
     return Collected(step, version, sampled.cursor, result.batch, metrics, times,

@@ -60,9 +60,9 @@ def encode_prompts(items: Sequence[TaskItem], data: DataConfig, tokenizer) -> li
     return [tokenizer(t, add_special_tokens=add_special)["input_ids"] for t in texts]
 
 
-def write_samples(path: Path, items, completions, scores, advantages=None) -> None:
+def write_samples(path: Path, items, completions, scores, advantages=None, trajectories=None):
     """One JSON row per completion (row ``i`` scored as ``scores`` row ``i``)."""
-    write_rows(path, sample_rows(items, completions, scores, advantages))
+    write_rows(path, sample_rows(items, completions, scores, advantages, trajectories))
 
 
 def write_rows(path: Path, rows: Sequence[dict]) -> None:
@@ -71,8 +71,14 @@ def write_rows(path: Path, rows: Sequence[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
-def sample_rows(items, completions, scores, advantages=None) -> list[dict]:
-    """Plain rows of completions and their scores (a lagged run holds them until its step)."""
+def sample_rows(items, completions, scores, advantages=None, trajectories=None) -> list[dict]:
+    """Plain rows of completions and their scores (a lagged run holds them until its step).
+
+    A multi-turn row's ``completion`` is its last turn (what the verifiers score), and
+    ``trajectory`` the whole trajectory (``posttrain.rollout.multiturn.trajectory_records``:
+    every turn, tool calls and responses, token counts); single-turn rows have no
+    ``trajectory``.
+    """
     rows = []
     for i, (item, text) in enumerate(zip(items, completions, strict=True)):
         row = {
@@ -86,6 +92,8 @@ def sample_rows(items, completions, scores, advantages=None) -> list[dict]:
             row["env_reward"] = float(scores.env[i])
         if advantages is not None and advantages.dim() == 1:  # per-token ones stay out
             row["advantage"] = float(advantages[i])
+        if trajectories is not None:
+            row["trajectory"] = trajectories[i]
         rows.append(row)
     return rows
 
