@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.config import PosttrainConfig
+from posttrain.placement.device import rollout_dtype as resolve_rollout_dtype
 from posttrain.placement.reference import reference_on_data
 
 MB = 1e6
@@ -151,9 +152,7 @@ def estimate(
         parts.append(Part("reference", "weights (data side)", _DTYPE_BYTES[dtype] * params))
     elif rl.kl_beta > 0 and not m.lora_rank:
         parts.append(Part("reference", "weights", _DTYPE_BYTES[m.dtype] * params))
-    rollout_dtype = (
-        ro.dtype if ro.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
-    )
+    rollout_dtype = resolve_rollout_dtype(ro.dtype, device)
     if rollout_dtype != "float32":
         parts.append(Part("rollout", f"weights ({rollout_dtype} copy)",
                           _DTYPE_BYTES[rollout_dtype] * params))  # fmt: skip

@@ -154,8 +154,9 @@ class RolloutRole:
     """Samples responses. Given ``model``, it samples with that very module (in-process sharing:
     weight sync then copies nothing); otherwise it loads its own copy from the config.
 
-    An own copy has ``rollout.dtype`` (float32 on the CPU by default, like the policy's master
-    weights, so both placements draw the same tokens for the same seed; bfloat16 on CUDA) and
+    An own copy has ``rollout.dtype`` (``auto``: bfloat16 where the device has native bf16
+    matmuls, else float32 like the policy's master weights, so both placements draw the same
+    tokens for the same seed) and
     receives the policy's weights bucket by bucket (``placement/weight_sync.py``); with LoRA it
     keeps a float32 copy of the adapted base weights, onto which it merges the adapters it
     receives.
