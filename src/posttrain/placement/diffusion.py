@@ -12,12 +12,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from posttrain.config import PosttrainConfig, to_dict
 from posttrain.data.images import PairBatch
 from posttrain.model.diffusion import load_pipeline, sample
+from posttrain.placement.threads import set_torch_threads
 from posttrain.trainer import CheckpointManager, ResumeState
 
 TrainerBuilder = Callable[..., Any]
@@ -90,7 +90,7 @@ def place_diffusion(
 ):
     """The policy role where ``placement.backend`` says (``.policy``, ``.close()``)."""
     if config.placement.backend == "local":
-        torch.set_num_threads(config.placement.torch_threads_per_process)  # as place_local does
+        set_torch_threads(config.placement.torch_threads_per_process)  # as place_local does
         return LocalDiffusion(DiffusionPolicyRole(config, build_trainer_fn, run_dir))
     return _place_ray(config, config_path, opts, build_trainer_fn, run_dir)
 

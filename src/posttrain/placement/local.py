@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.config.build import needs_reference
 from posttrain.placement.deadline import Deadlines
@@ -23,6 +21,7 @@ from posttrain.placement.device import resolve_device, rollout_dtype_and_why
 from posttrain.placement.reference import reference_on_data
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
+from posttrain.placement.threads import set_torch_threads
 from posttrain.placement.weight_sync import wire_bytes
 
 log = logging.getLogger("posttrain")
@@ -74,7 +73,7 @@ def place_local(
             f"placement.policy_ranks={ranks} needs placement.backend=ray (in-process placement "
             "runs one policy rank)"
         )
-    torch.set_num_threads(cfg.placement.torch_threads_per_process)
+    set_torch_threads(cfg.placement.torch_threads_per_process)
     device = resolve_device(cfg.placement.device)
     policy = PolicyRole(cfg, build_objective_fn, run_dir, device=str(device))
     dtype, why = rollout_dtype_and_why(cfg.rollout.dtype, device)
