@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from posttrain.config import ConfigError, PosttrainConfig
-from posttrain.config.build import needs_reference
+from posttrain.config.build import needs_reference, reference_on_data
 from posttrain.placement.deadline import Deadlines
 from posttrain.placement.device import resolve_device, rollout_dtype_and_why
-from posttrain.placement.reference import reference_on_data
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
 from posttrain.placement.threads import set_torch_threads

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from posttrain.algorithm.primitives.objective import DataSideReference
 from posttrain.config import PosttrainConfig, to_dict
-from posttrain.config.build import needs_reference, objective_context
+from posttrain.config.build import needs_reference, objective_context, reference_on_data
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.env.episode import Episode, TurnRequest
@@ -27,7 +27,6 @@ from posttrain.model.loading import load_policy
 from posttrain.model.lora import AdapterFreeReference, apply_lora
 from posttrain.model.protocol import model_capabilities, require_trainable
 from posttrain.placement.device import rollout_dtype
-from posttrain.placement.reference import reference_on_data
 from posttrain.placement.weight_sync import (
     WeightSink,
     WeightSource,
