@@ -40,6 +40,16 @@ def test_threads_that_fit_do_not_warn(threads, load):
     assert oversubscription(threads, load) is None
 
 
+def test_the_actors_of_a_local_ray_instance_count_together():
+    """Each Ray actor runs its own torch threads: 3 actors x 2 threads need 6 free cores."""
+    line = oversubscription(2, NodeLoad(4, 0.0, 0, 0), processes=3)
+    assert line is not None and "\n" not in line
+    assert line.startswith("placement.torch_threads_per_process=2 x 3 Ray actors on 4 core(s)")
+    assert line.endswith("set placement.torch_threads_per_process=1")
+    assert oversubscription(2, NodeLoad(8, 0.5, 0, 0), processes=3) is None
+    assert oversubscription(1, NodeLoad(2, 0.0, 0, 0), processes=5) is None
+
+
 def test_set_torch_threads_logs_the_warning(caplog):
     import torch
 

@@ -47,21 +47,23 @@ def node_load() -> NodeLoad:
     return NodeLoad(cores, os.getloadavg()[0], mine, ray)
 
 
-def oversubscription(threads: int, load: NodeLoad) -> str | None:
-    """One line saying why ``threads`` torch threads would contend and what to set, or None.
+def oversubscription(threads: int, load: NodeLoad, processes: int = 1) -> str | None:
+    """One line saying why ``processes`` x ``threads`` torch threads (this process, or the Ray
+    actors a local Ray instance is about to start) would contend and what to set, or None.
 
     Busy elsewhere: the load average less this process (at most 1 of it is ours while it
     starts), or the other posttrain and Ray worker processes counted, whichever is larger. One
-    thread never warns: it cannot spin against a sibling."""
+    thread per process never warns: it cannot spin against a sibling."""
     if threads <= 1:
         return None
     busy = max(load.load_average - 1.0, float(load.posttrain_processes + load.ray_workers))
     free = load.cores - busy
-    if threads <= free:
+    if threads * processes <= free:
         return None
-    fit = max(1, int(free))
+    fit = max(1, int(free // processes))
+    actors = f" x {processes} Ray actors" if processes > 1 else ""
     return (
-        f"placement.torch_threads_per_process={threads} on {load.cores} core(s) with load "
+        f"placement.torch_threads_per_process={threads}{actors} on {load.cores} core(s) with load "
         f"average {load.load_average:.1f} ({load.posttrain_processes} other posttrain "
         f"process(es), {load.ray_workers} Ray worker(s)): threads beyond the free cores spin "
         f"against each other and can slow a step 10x; set "
