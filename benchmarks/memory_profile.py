@@ -21,6 +21,21 @@ the system). ``posttrain config show`` estimates the same parts before a run
         -- model.name_or_path=/work/models/smollm2 rl.max_steps=2
 
 Prints a table and, with ``--json PATH``, writes the numbers.
+
+bf16 against float32 (each in its own process, so each peak is its own; same recipe, seed,
+samples per step and threads)::
+
+    python benchmarks/memory_profile.py --dtype float32 --json f32.json -- \
+        model.name_or_path=outputs/models/smollm2-135m-instruct rl.max_steps=3
+    python benchmarks/memory_profile.py --dtype bfloat16 --json bf16.json -- \
+        model.name_or_path=outputs/models/smollm2-135m-instruct rl.max_steps=3
+    python benchmarks/memory_profile.py --compare f32.json bf16.json
+
+``--dtype D`` sets ``model.dtype=D`` (float32 masters either way; bf16 autocast compute) and
+``rollout.dtype`` to ``--rollout-dtype`` (default: D). Both runs draw their first step's samples
+from the same float32 weights only with ``--rollout-dtype float32``; later steps follow each
+run's own updates, so ``--compare`` also prints seconds per thousand tokens. ``--smoke`` runs the
+tiny arithmetic recipe for 2 steps (seconds; CI runs it in both dtypes).
 """
 
 from __future__ import annotations
@@ -130,7 +145,8 @@ class Probes:
             rows, width = len(batch), batch.prompt_width + config.rollout.max_tokens
             cfg = roles.policy.trainer.model.config if hasattr(roles.policy, "trainer") else None
             if cfg is not None:
-                probes.kv_cache = max(probes.kv_cache, kv_cache_bytes(cfg, rows, width))
+                size = rollout_element_size(config)
+                probes.kv_cache = max(probes.kv_cache, kv_cache_bytes(cfg, rows, width, size))
             return out
 
         def timed_train(trainer, *a, **kw):
@@ -183,11 +199,21 @@ def trainer_tensor_bytes(trainer) -> dict[str, int]:
     }
 
 
-def kv_cache_bytes(config, rows: int, width: int) -> int:
-    """Keys and values of every layer for ``rows`` sequences of ``width`` tokens (float32)."""
+def rollout_element_size(config) -> int:
+    """Bytes per element of the rollout's weights and KV cache (``rollout.dtype`` resolved)."""
+    import torch
+
+    from posttrain.placement.device import resolve_device, rollout_dtype
+
+    device = resolve_device(config.placement.device)
+    return getattr(torch, rollout_dtype(config.rollout.dtype, device)).itemsize
+
+
+def kv_cache_bytes(config, rows: int, width: int, element_size: int = 4) -> int:
+    """Keys and values of every layer for ``rows`` sequences of ``width`` tokens."""
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * rows * width * heads * head_dim * 4
+    return 2 * config.num_hidden_layers * rows * width * heads * head_dim * element_size
 
 
 def logits_bytes(model, batch) -> int:
@@ -241,6 +267,9 @@ def profile(config: str, overrides: list[str], threads: int) -> dict[str, Any]:
         "seconds": seconds,
         "step_s": [m.get("time/step_s") for m in metrics],
         "train_s": [m.get("time/train_s") for m in metrics],
+        "rollout_s": [m.get("time/rollout_s") for m in metrics],
+        "train_tokens": [m.get("train/tokens") for m in metrics],
+        "threads": threads,
         "padding_fraction": [m.get("train/padding_fraction") for m in metrics],
     }
 
@@ -258,7 +287,7 @@ def table(r: dict[str, Any]) -> str:
         ("optimizer state (AdamW: 2 per trainable)", r["optimizer"]),
         ("activations kept for backward (largest micro-batch)", r["activations"]),
         ("logits of one micro-batch (float32, inside the activations when kept)", r["logits"]),
-        ("rollout KV cache (rows x (prompt + response), all layers)", r["kv_cache"]),
+        ("rollout KV cache (rows x (prompt + response), all layers, rollout dtype)", r["kv_cache"]),
         ("peak RSS: model load / rollout / update / the rest",
          None, " / ".join(f(peaks.get(p, 0)) for p in ("load", "rollout", "update", "other"))),
         ("update peak minus the parts above (temporaries, allocator)", update - parts),
@@ -275,6 +304,39 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SMOKE_OPTS = ["rl.max_steps=2", "data.prompts_per_step=2", "rollout.n=2", "rollout.max_tokens=3",
+              "data.train_size=20", "data.val_size=4", "rl.micro_batch_size=4"]  # fmt: skip
+
+
+def _measured(values: list) -> list:
+    """The steps after the first (allocator and kernel warm-up) when there are more."""
+    values = [v for v in values if v is not None]
+    return values[1:] if len(values) > 1 else values
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """Two profiles side by side: per step (first step dropped), per 1000 update tokens, peak."""
+    import statistics
+
+    def row(r):
+        tokens = statistics.mean(_measured(r["train_tokens"]))
+        step, train = (
+            statistics.mean(_measured(r["step_s"])),
+            statistics.mean(_measured(r["train_s"])),
+        )
+        rollout = statistics.mean(_measured(r["rollout_s"]))
+        return {"step s": step, "update s": train, "rollout s": rollout, "update tokens": tokens,
+                "update s / 1k tokens": 1000 * train / tokens, "peak RSS MB": r["peak"] / MB}  # fmt: skip
+
+    ra, rb = row(a), row(b)
+    name = lambda r: " ".join(r["overrides"]) or r["config"]  # noqa: E731
+    lines = [f"A: {name(a)} ({a['threads']} threads)", f"B: {name(b)} ({b['threads']} threads)",
+             "", "| | A | B | A / B |", "|---|---|---|---|"]  # fmt: skip
+    for k in ra:
+        lines.append(f"| {k} | {ra[k]:,.3f} | {rb[k]:,.3f} | {ra[k] / rb[k]:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -283,7 +345,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="smollm2_reasoning_gym")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                    help="model.dtype (and rollout.dtype unless --rollout-dtype)")  # fmt: skip
+    ap.add_argument("--rollout-dtype", choices=("float32", "bfloat16"), default=None)
+    ap.add_argument("--smoke", action="store_true", help="tiny recipe, 2 steps (CI)")
+    ap.add_argument("--compare", type=Path, nargs=2, metavar=("A.json", "B.json"), default=None,
+                    help="print two saved profiles side by side (B against A)")  # fmt: skip
     args = ap.parse_args(own)
+    if args.compare:
+        a, b = (json.loads(p.read_text()) for p in args.compare)
+        print(compare(a, b))
+        return 0
+    if args.smoke:
+        args.config, args.threads = "arithmetic", 1
+        overrides = [*SMOKE_OPTS, *overrides]
+    if args.dtype or args.rollout_dtype:
+        dtype = args.dtype or "float32"
+        overrides = [f"model.dtype={dtype}", f"rollout.dtype={args.rollout_dtype or dtype}",
+                     *overrides]  # fmt: skip
     result = profile(args.config, overrides, args.threads)
     print(table(result))
     if args.json:

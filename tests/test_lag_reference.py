@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from posttrain.algorithm.primitives.objective import REFERENCE_COLUMN, ReferenceScorer
 from posttrain.config import ConfigError, load_config
-from posttrain.config.build import build_objective
+from posttrain.config.build import build_objective, reference_on_data
 from posttrain.control import PreflightError, run_preflight
 from posttrain.control.data_checks import load_tasks
 from posttrain.entrypoints import grpo
@@ -25,7 +25,7 @@ from posttrain.model.loading import load_tokenizer
 from posttrain.model.tiny import build_tiny_model
 from posttrain.placement.dispatch import shard_batch
 from posttrain.placement.local import place_local
-from posttrain.placement.reference import ReferenceRole, reference_on_data
+from posttrain.placement.reference import ReferenceRole
 from posttrain.placement.roles import PolicyRole
 from posttrain.run.online import collect
 

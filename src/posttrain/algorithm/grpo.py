@@ -17,7 +17,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from posttrain.algorithm.annotators.advantage import ADVANTAGE_KNOBS, advantage_reads
+from posttrain.algorithm.knobs import GRPO_KNOBS as KNOBS  # noqa: F401 (re-exported)
+from posttrain.algorithm.knobs import grpo_reads as reads
 from posttrain.algorithm.primitives.divergence import kl_penalty
 from posttrain.algorithm.primitives.objective import (
     OBJECTIVE_WEIGHT_SUM,
@@ -36,7 +37,7 @@ from posttrain.algorithm.primitives.policy_gradient import (
     response_bound,
     token_sum_loss,
 )
-from posttrain.algorithm.primitives.reads import Reads, declare_reads
+from posttrain.algorithm.primitives.reads import declare_reads
 from posttrain.algorithm.primitives.rollout_correction import correct_for_the_sampler
 from posttrain.data.logprobs import response_logprobs_and_entropy
 from posttrain.data.trajectory import TrajectoryBatch
@@ -75,62 +76,6 @@ def _require_advantages(batch: TrajectoryBatch) -> Tensor:
             "batch.advantages is missing: run the reward stage's advantage annotator before dispatch"
         )
     return batch.advantages
-
-
-#: The clipped surrogate's own knobs (beside the advantage's): what ``legacy_pg`` never reads.
-CLIPPED_KNOBS = frozenset({
-    "rl.importance_sampling_level", "rl.epsilon_low", "rl.epsilon_high", "rl.lower_bound_ratio",
-    "rl.temperature", "rl.loss_type", "rl.kl_beta", "rl.kl_estimator", "rl.entropy_coef",
-    "rl.rollout_is_cap",
-})  # fmt: skip
-
-#: Every knob a GRPO-family objective may read.
-KNOBS = frozenset({"rl.grpo_surrogate"}) | CLIPPED_KNOBS | ADVANTAGE_KNOBS
-
-_LEGACY_UNREAD = {
-    "rl.importance_sampling_level": "no importance ratio; select rl.grpo_surrogate=clipped",
-    "rl.epsilon_low": "no ratio clip",
-    "rl.epsilon_high": "no ratio clip",
-    "rl.lower_bound_ratio": "no ratio clip",
-    "rl.temperature": "it scores at temperature 1",
-    "rl.loss_type": "always the token mean",
-    "rl.kl_beta": "no KL term",
-    "rl.kl_estimator": "no KL term",
-    "rl.entropy_coef": "no entropy term",
-    "rl.rollout_is_cap": "no importance correction",
-}
-
-#: What CISPO leaves out of the clipped surrogate's knobs.
-_CISPO_UNREAD = {
-    "rl.epsilon_low": "its importance weight has no lower bound",
-    "rl.lower_bound_ratio": "no dual clip",
-    "rl.importance_sampling_level": "it weights each token",
-}
-
-
-def reads(config: Any) -> Reads:
-    """The knobs the GRPO objective ``rl.grpo_surrogate`` selects reads under ``config``."""
-    rl = config.rl
-    surrogate = rl.grpo_surrogate
-    if surrogate == "legacy_pg":
-        base = Reads(
-            frozenset({"rl.grpo_surrogate"}), "rl.grpo_surrogate=legacy_pg", _LEGACY_UNREAD
-        )
-        return base | advantage_reads(config)
-    keys = set(CLIPPED_KNOBS) | {"rl.grpo_surrogate"}
-    unread: dict[str, str] = {}
-    by = f"rl.grpo_surrogate={surrogate}"
-    if surrogate == "cispo":
-        keys -= set(_CISPO_UNREAD)
-        unread.update(_CISPO_UNREAD)
-    elif rl.importance_sampling_level == "sequence":
-        by += ", rl.importance_sampling_level=sequence"
-        keys.discard("rl.lower_bound_ratio")
-        unread["rl.lower_bound_ratio"] = "the dual clip bounds a per-token ratio"
-    if rl.kl_beta == 0:
-        keys.discard("rl.kl_estimator")
-        unread["rl.kl_estimator"] = "no KL anchor with rl.kl_beta=0"
-    return Reads(frozenset(keys), by, unread) | advantage_reads(config)
 
 
 def identity_of(rl: Any) -> dict[str, Any]:

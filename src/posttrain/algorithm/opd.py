@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posttrain.algorithm.annotators.advantage import ADVANTAGE_KNOBS
 from posttrain.algorithm.grpo import GRPO_METRICS, SURROGATE_REDUCTIONS
-from posttrain.algorithm.grpo import KNOBS as GRPO_KNOBS
+from posttrain.algorithm.knobs import OPD_KNOBS as KNOBS  # noqa: F401 (re-exported)
+from posttrain.algorithm.knobs import opd_reads as reads
 from posttrain.algorithm.primitives.divergence import topk_divergence
 from posttrain.algorithm.primitives.objective import (
     OBJECTIVE_WEIGHT_SUM,
@@ -39,7 +39,7 @@ from posttrain.algorithm.primitives.policy_gradient import (
     response_bound,
     token_sum_loss,
 )
-from posttrain.algorithm.primitives.reads import Reads, declare_reads
+from posttrain.algorithm.primitives.reads import declare_reads
 from posttrain.algorithm.primitives.rollout_correction import correct_for_the_sampler
 from posttrain.data.logprobs import response_logits, response_logprobs, token_logprobs
 from posttrain.data.trajectory import TrajectoryBatch
@@ -64,39 +64,6 @@ OPD_METRICS = {
     **{name: GRPO_METRICS[name] for name in _PG_DIAGNOSTICS},
     **{name: GRPO_METRICS[name] for name in _SAMPLER_GAP},
 }
-
-
-_CLIP = ("rl.epsilon_low", "rl.epsilon_high", "rl.lower_bound_ratio", "rl.rollout_is_cap")
-_DIRECT = ("rl.divergence", "rl.jsd_beta", "teacher.top_k")
-
-#: Every knob an OPD objective may read.
-KNOBS = frozenset({"rl.distillation_mode", "rl.loss_type", "rl.temperature", *_CLIP, *_DIRECT})
-
-#: Knobs of the GRPO family that no OPD mode reads, and why.
-_UNREAD = {
-    **dict.fromkeys(GRPO_KNOBS - KNOBS, "the teacher is the signal, on the clipped surrogate"),
-    **dict.fromkeys(ADVANTAGE_KNOBS, "the teacher is the signal, not the task reward"),
-    "rl.importance_sampling_level": "its signal is per token; use rl.importance_sampling_level=token",
-}
-
-
-def reads(config: Any) -> Reads:
-    """The knobs the OPD objective ``rl.distillation_mode`` selects reads under ``config``."""
-    rl = config.rl
-    mode = rl.distillation_mode
-    keys = {"rl.distillation_mode", "rl.loss_type", "rl.temperature"}
-    unread = dict(_UNREAD)
-    if mode == "advantage":
-        keys.update(_CLIP)
-        unread.update(dict.fromkeys(_DIRECT, "read only with rl.distillation_mode=direct"))
-    else:
-        keys.update(_DIRECT)
-        unread.update(dict.fromkeys(_CLIP, "no ratio, no clip"))
-        if rl.divergence != "jsd":
-            keys.discard("rl.jsd_beta")
-            unread["rl.jsd_beta"] = "read only by rl.divergence=jsd"
-    # The direct mode's loss is exact at every position it is given: a lag only changes which.
-    return Reads(frozenset(keys), f"OPD, rl.distillation_mode={mode}", unread, mode == "direct")
 
 
 def identity_of(rl: Any, teacher_top_k: int | None = None) -> dict[str, Any]:

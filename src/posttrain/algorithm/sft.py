@@ -16,6 +16,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from posttrain.algorithm.knobs import SFT_KNOBS as KNOBS  # noqa: F401 (re-exported)
+from posttrain.algorithm.knobs import sft_reads as reads
 from posttrain.algorithm.primitives.objective import (
     OBJECTIVE_WEIGHT_SUM,
     MetricAdapter,
@@ -27,9 +29,6 @@ from posttrain.algorithm.primitives.reads import declare_reads
 from posttrain.data.logprobs import response_logits, response_logprobs, token_logprobs
 from posttrain.data.trajectory import TrajectoryBatch
 
-#: SFT reads no knob of the online objectives' universe (``config.build.OBJECTIVE_KNOBS``).
-KNOBS: frozenset[str] = frozenset()
-
 SFTReduction = Literal["token_sum", "sequence_mean"]
 _LOSS_TYPE = {"token_sum": "token-mean", "sequence_mean": "seq-mean-token-mean"}
 
@@ -37,7 +36,7 @@ _LOSS_TYPE = {"token_sum": "token-mean", "sequence_mean": "seq-mean-token-mean"}
 SFT_METRICS = MetricAdapter({"tokens": "sft/tokens"}, reductions={"tokens": "sum"})
 
 
-@declare_reads()
+@declare_reads(reads)
 def make_objective(rl: Any, context: Any, reduction: SFTReduction = "token_sum") -> Objective:
     """Cross-entropy on the response mask's tokens, reduced by ``reduction`` (``sft.loss_reduction``,
     bound by the entry with ``functools.partial``)."""

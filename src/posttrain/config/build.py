@@ -12,25 +12,31 @@ from __future__ import annotations
 
 import functools
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-
-from posttrain.algorithm import grpo
-from posttrain.algorithm.primitives.objective import Objective
-from posttrain.algorithm.primitives.reads import Reads, reads_of
+from posttrain.algorithm.primitives.reads import Reads, declared_reads
 from posttrain.config.schema import PosttrainConfig, objective_family
 from posttrain.config.user_code import BuilderError, check_builder, import_callable
-from posttrain.entrypoints.registry import ENTRIES, builtin_builders, load
+from posttrain.entrypoints.registry import ENTRIES, entry, load
 
-#: The built-in builder of each entry that has one (the entry registry's): what an undeclared
-#: custom builder is taken to wrap.
-BUILTIN_BUILDERS = builtin_builders()
+if TYPE_CHECKING:
+    from torch import nn
 
-#: Every knob a built-in objective may read (the ``KNOBS`` of each builder's module): the
-#: universe preflight checks for reads.
-OBJECTIVE_KNOBS = frozenset().union(*(load(e.builder.partition(":")[0]).KNOBS
-                                      for e in ENTRIES if e.builder))  # fmt: skip
+    from posttrain.algorithm.primitives.objective import Objective
+
+#: What each entry's built-in objective reads (the registry's torch-free ``reads``, beside the
+#: builders in ``algorithm/knobs.py``: the builders themselves are imported only to build one),
+#: and what an undeclared custom builder is taken to read.
+BUILTIN_READS = {e.name: load(e.reads) for e in ENTRIES if e.reads}
+
+#: Every knob a built-in objective may read (the registry's ``knobs``): the universe preflight
+#: checks for reads.
+OBJECTIVE_KNOBS = frozenset().union(*(load(e.knobs) for e in ENTRIES if e.knobs))
+
+
+def builtin_builder(family: str) -> Any:
+    """The built-in objective builder of ``family``'s entry, imported now."""
+    return load(entry(family).builder)
 
 
 def objective_context(config: PosttrainConfig, reference_model: nn.Module | None = None) -> Any:
@@ -48,11 +54,13 @@ def objective_context(config: PosttrainConfig, reference_model: nn.Module | None
 
 def build_objective(rl: Any, context: Any) -> Objective:
     """The GRPO-family objective selected by ``rl.grpo_surrogate``."""
-    return grpo.make_objective(rl, context)
+    return builtin_builder("grpo")(rl, context)
 
 
 def build_named(spec: str, rl: Any, context: Any) -> Objective:
     """Call the builder ``spec`` names; anything but an :class:`Objective` is a one-line error."""
+    from posttrain.algorithm.primitives.objective import Objective
+
     builder = import_callable(spec, "rl.objective_builder")
     objective = builder(rl, context)
     if not isinstance(objective, Objective):
@@ -79,20 +87,30 @@ def objective_builder(config: PosttrainConfig) -> Any:
     if user_builder(config) is not None:
         return functools.partial(build_named, config.rl.objective_builder)
     family = objective_family(config)
-    if family not in BUILTIN_BUILDERS:
+    if family not in BUILTIN_READS:
         raise BuilderError(f"job.algorithm={config.job.algorithm} has no online objective builder")
-    return BUILTIN_BUILDERS[family]
+    return builtin_builder(family)
 
 
 def objective_reads(config: PosttrainConfig) -> Reads | None:
     """What the run's objective reads (None for an entry that builds its own objective, DPO)."""
     family = objective_family(config)
-    if family not in BUILTIN_BUILDERS:
+    if family not in BUILTIN_READS:
         return None
-    return reads_of(config, user_builder(config), BUILTIN_BUILDERS[family])
+    declared = declared_reads(user_builder(config)) or BUILTIN_READS[family]
+    return declared(config)
 
 
 def needs_reference(config: PosttrainConfig) -> bool:
     """Whether the run needs a frozen reference: its objective reads ``rl.kl_beta`` and it is > 0."""
     reads = objective_reads(config)
     return reads is not None and reads.reads("rl.kl_beta") and config.rl.kl_beta > 0
+
+
+def reference_on_data(config: PosttrainConfig) -> bool:
+    """Whether the run's frozen reference scores on the data side: it has one, and
+    ``placement.reference_on`` is ``data``, or ``auto`` under ``rl.off_policy_lag >= 1``."""
+    where = config.placement.reference_on
+    if where == "auto":
+        where = "data" if config.rl.off_policy_lag >= 1 else "policy"
+    return where == "data" and needs_reference(config)

@@ -259,8 +259,10 @@ class RolloutConfig(Section):
         "auto",
         description="Weights the engine samples with. `float32` on the policy's device samples "
         "with the policy module itself (no copy); any other dtype gives the engine its own copy, "
-        "refreshed from the float32 master weights after every update. `auto`: bfloat16 on CUDA, "
-        "float32 on the CPU. The loss scores π_old with the trainer's own forward either way; "
+        "refreshed from the float32 master weights after every update. `auto`: bfloat16 where "
+        "the device has native bf16 matmuls (CUDA with bf16; a CPU with AMX-BF16 or "
+        "AVX512-BF16, read from torch's cpuinfo probe or /proc/cpuinfo), else float32; the "
+        "placement log line says which and why. The loss scores π_old with the trainer's own forward either way; "
         "the gap is published as `train/rollout/logprob_abs_diff`.",
     )
 

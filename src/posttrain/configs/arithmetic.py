@@ -31,6 +31,10 @@ def build_config() -> PosttrainConfig:
     cfg.rollout.n = 8
     cfg.rollout.temperature = 1.0
     cfg.rollout.max_tokens = 4
+    # Pinned: `auto` is bfloat16 on a CPU with AVX512-BF16 or AMX, which would sample other
+    # tokens than the float32 runs the demos, their guides and the tests pin (and on a model
+    # this small bf16 saves nothing). float32 samples with the policy module itself.
+    cfg.rollout.dtype = "float32"
 
     cfg.reward.verifier = "exact"
 

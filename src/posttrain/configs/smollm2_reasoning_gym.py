@@ -59,6 +59,10 @@ def build_config() -> PosttrainConfig:
     # right in 4-12% of them, against 20-28% at 0.6 and 31% greedy).
     cfg.rollout.temperature = 0.6
     cfg.rollout.max_tokens = 64
+    # Pinned until a bf16 run is measured against this float32 one (held-out accuracy, step
+    # time: benchmarks/memory_profile.py --dtype, docs/guides/performance.md): `auto` would
+    # sample in bfloat16 on a CPU with AVX512-BF16 or AMX and change the guide's numbers.
+    cfg.rollout.dtype = "float32"
 
     # The last number written, compared with the gold answer as a string. Not `math`: its
     # math-verify reading of prose takes what follows "the final answer is", and the policy

@@ -176,11 +176,11 @@ def deterministic_minis_fill_micro_batches(cfg: PosttrainConfig) -> str | None:
     """A certified deterministic forward scores π_old in the same micro-batches as the update,
     so every rank's mini-batch must be a whole number of micro-batches (the trainer would stop
     at the first step otherwise). Sizes are computed as dispatch and the trainer split."""
-    from posttrain.placement.dispatch import rank_rows
-    from posttrain.trainer.accumulate import split_evenly
-
     if not cfg.model.certified_deterministic_forward:
         return None
+    from posttrain.placement.dispatch import rank_rows  # torch: only for a certified forward
+    from posttrain.trainer.accumulate import split_evenly
+
     rows = cfg.data.prompts_per_step * cfg.rollout.n
     ranks, minis, micro = (
         cfg.placement.policy_ranks, cfg.rl.mini_batch_per_replica, cfg.rl.micro_batch_size

@@ -6,7 +6,7 @@ the run log before training starts.
 
 from __future__ import annotations
 
-from posttrain.algorithm.primitives.policy_gradient import LENGTH_WEIGHTED_LOSS_TYPES
+from posttrain.algorithm.primitives.choices import LENGTH_WEIGHTED_LOSS_TYPES
 from posttrain.config.schema import PosttrainConfig
 from posttrain.control.reads import reads_or_none
 from posttrain.control.rules import warning

@@ -24,12 +24,15 @@ a single row longer than the budget), else
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.config import PosttrainConfig
-from posttrain.placement.reference import reference_on_data
+from posttrain.config.build import reference_on_data
+from posttrain.placement.device import rollout_dtype as resolve_rollout_dtype
 
 MB = 1e6
 #: The process before the model loads (Python, torch, transformers, posttrain), CPU, measured.
@@ -107,9 +110,9 @@ def model_shape(cfg: PosttrainConfig) -> ModelShape | None:
     if path.is_file():
         return ModelShape.from_config(json.loads(path.read_text()))
     if cfg.model.init_preset:
-        from posttrain.model.tiny import tiny_config  # imports torch; only for presets
+        from posttrain.model.presets import preset_config
 
-        return ModelShape.from_config(tiny_config(cfg.model.init_preset).to_dict())
+        return ModelShape.from_config(preset_config(cfg.model.init_preset))
     return None
 
 
@@ -151,9 +154,7 @@ def estimate(
         parts.append(Part("reference", "weights (data side)", _DTYPE_BYTES[dtype] * params))
     elif rl.kl_beta > 0 and not m.lora_rank:
         parts.append(Part("reference", "weights", _DTYPE_BYTES[m.dtype] * params))
-    rollout_dtype = (
-        ro.dtype if ro.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
-    )
+    rollout_dtype = resolve_rollout_dtype(ro.dtype, device)
     if rollout_dtype != "float32":
         parts.append(Part("rollout", f"weights ({rollout_dtype} copy)",
                           _DTYPE_BYTES[rollout_dtype] * params))  # fmt: skip
@@ -239,10 +240,22 @@ def device_kind(cfg: PosttrainConfig) -> str:
         return "cuda" if cfg.placement.gpus_per_role else "cpu"
     spec = cfg.placement.device
     if spec == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if _cuda_available() else "cpu"
     return "cuda" if spec.startswith("cuda") else "cpu"
+
+
+def _cuda_available() -> bool:
+    """``torch.cuda.is_available()``, without importing torch for a CPU-only build (its
+    version says ``+cpu``), so ``config show`` stays fast there."""
+    if "torch" not in sys.modules:
+        try:
+            if "+cpu" in importlib.metadata.version("torch"):
+                return False
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def report(cfg: PosttrainConfig) -> list[str]:

@@ -24,7 +24,9 @@ class Entry:
     ``kind``: what its algorithms are, for the line that sends a config to its own entry;
     ``title``: its short name in messages. ``builder``: the built-in objective builder
     (``module:function``; None when the entry assembles its own objective, as Diffusion DPO
-    does). ``placement``: ``online`` (rollout, reward, policy: ``run/online.py``) or
+    does); ``reads`` / ``knobs``: its declaration of reads (``config -> Reads``) and every knob
+    it may read, torch-free (``algorithm/knobs.py``), so preflight never imports the builder.
+    ``placement``: ``online`` (rollout, reward, policy: ``run/online.py``) or
     ``policy_only`` (a policy role and a fixed data set: no rollout, no reward), which reads
     ``online_reads`` of the online knobs and refuses every other one changed
     (``refused_note`` says why). ``pinned_label``: the ``job.algorithm`` its runs record.
@@ -43,6 +45,8 @@ class Entry:
     help: str
     description: str
     builder: str | None = None
+    reads: str | None = None
+    knobs: str | None = None
     placement: Placement = "online"
     online_reads: tuple[str, ...] = ()
     refused_note: str = ""
@@ -74,6 +78,7 @@ ENTRIES: tuple[Entry, ...] = (
         description="Online RL: sample, score, group advantages, update. The recipe and its "
         "overrides choose the surrogate (rl.grpo_surrogate) and everything else.",
         builder="posttrain.algorithm.grpo:make_objective",
+        reads="posttrain.algorithm.knobs:grpo_reads", knobs="posttrain.algorithm.knobs:GRPO_KNOBS",
     ),
     Entry(
         "opd", "OPD", "on-policy distillation",
@@ -81,6 +86,7 @@ ENTRIES: tuple[Entry, ...] = (
         description="Sample from the student, score every token with the frozen teacher "
         "(teacher.name_or_path), update toward it (rl.distillation_mode: advantage or direct).",
         builder="posttrain.algorithm.opd:make_objective", pinned_label="opd",
+        reads="posttrain.algorithm.knobs:opd_reads", knobs="posttrain.algorithm.knobs:OPD_KNOBS",
         rules="posttrain.control.opd",
     ),
     Entry(
@@ -101,6 +107,7 @@ ENTRIES: tuple[Entry, ...] = (
         "(sft.train_path: messages with tools and tool calls, or prompt/completion), rendered "
         "with the model's chat template; held-out loss and token accuracy (sft.val_path).",
         builder="posttrain.algorithm.sft:make_objective", placement="policy_only",
+        reads="posttrain.algorithm.knobs:sft_reads", knobs="posttrain.algorithm.knobs:SFT_KNOBS",
         online_reads=("model.tokenizer_path", "model.gradient_checkpointing",
                       "model.init_preset", "model.lora_rank", "model.lora_alpha",
                       "model.lora_target_modules", "rl.micro_batch_tokens"),
@@ -140,14 +147,9 @@ def load(path: str) -> Any:
     return getattr(loaded, attribute) if attribute else loaded
 
 
-def builtin_builders() -> dict[str, Any]:
-    """Family -> its built-in objective builder (the entries that have one)."""
-    return {e.name: load(e.builder) for e in ENTRIES if e.builder}
-
-
 def section_owner(section: str) -> Entry | None:
     """The entry that alone reads config section ``section`` (None: a shared section)."""
     return next((e for e in ENTRIES if section in e.sections), None)
 
 
-__all__ = ["ENTRIES", "Entry", "builtin_builders", "entry", "family_of", "load", "names"]
+__all__ = ["ENTRIES", "Entry", "entry", "family_of", "load", "names"]

@@ -13,7 +13,7 @@ import string
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from posttrain.model.errors import ModelLoadError
 
@@ -103,6 +103,10 @@ def load_tokenizer(path: str | Path):
     try:
         if is_char_level(p):
             return PreTrainedTokenizerFast.from_pretrained(p, local_files_only=True)
+        # AutoTokenizer reads the model's config through transformers' configuration module,
+        # which imports torch: imported here, the char-level path stays torch-free.
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(p, local_files_only=True)
     except (OSError, ValueError) as e:
         raise ModelLoadError(

@@ -2,7 +2,7 @@
 
 The config is resolved once and shared by every role; the rollout role samples with the policy's
 own module, so weight sync copies nothing, unless ``rollout.dtype`` asks for a low-precision copy
-(the default on CUDA). ``placement.device`` puts the policy, the reference, the rollout and every
+(``auto`` on hardware with native bf16 matmuls). ``placement.device`` puts the policy, the reference, the rollout and every
 declared role that holds a model (``placement/specs.py``: the OPD teacher) on one device;
 ``placement.torch_threads_per_process`` sets this process's torch threads.
 """
@@ -14,15 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from posttrain.config import ConfigError, PosttrainConfig
-from posttrain.config.build import needs_reference
+from posttrain.config.build import needs_reference, reference_on_data
 from posttrain.placement.deadline import Deadlines
-from posttrain.placement.device import resolve_device, rollout_dtype
-from posttrain.placement.reference import reference_on_data
+from posttrain.placement.device import resolve_device, rollout_dtype_and_why
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
+from posttrain.placement.threads import set_torch_threads
 from posttrain.placement.weight_sync import wire_bytes
 
 log = logging.getLogger("posttrain")
@@ -75,10 +73,10 @@ def place_local(
             f"placement.policy_ranks={ranks} needs placement.backend=ray (in-process placement "
             "runs one policy rank)"
         )
-    torch.set_num_threads(cfg.placement.torch_threads_per_process)
+    set_torch_threads(cfg.placement.torch_threads_per_process)
     device = resolve_device(cfg.placement.device)
     policy = PolicyRole(cfg, build_objective_fn, run_dir, device=str(device))
-    dtype = rollout_dtype(cfg.rollout.dtype, device)
+    dtype, why = rollout_dtype_and_why(cfg.rollout.dtype, device)
     # float32 samples with the policy module itself; another dtype needs the engine's own copy.
     shared = policy.model if dtype == "float32" else None
     rollout = RolloutRole(cfg, model=shared, device=str(device))
@@ -86,8 +84,9 @@ def place_local(
     ref = f", reference on {device} ({cfg.model.dtype})" if inside else ""
     others = "".join(f", {s.name} on {s.device(str(device)) or 'cpu'}" for s in specs)
     log.info(
-        "placement: policy on %s (float32 master, %s compute)%s%s, rollout on %s (%s%s); "
+        "placement: policy on %s (float32 master, %s compute)%s%s, rollout on %s (%s%s%s); "
         "%d torch thread(s)", device, cfg.model.dtype, ref, others, device, dtype,
+        f", {why}" if why else "",
         ", shares the policy module" if shared is not None else ", own copy",
         cfg.placement.torch_threads_per_process,
     )  # fmt: skip

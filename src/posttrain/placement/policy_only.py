@@ -12,9 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from posttrain.config import PosttrainConfig, to_dict
+from posttrain.placement.threads import set_torch_threads
 
 
 class LocalPolicy:
@@ -51,7 +50,7 @@ def place_policy_only(
     (``.policy``, ``.close()``); ``kwargs`` hold module-level functions (builders), which
     travel to an actor by name."""
     if config.placement.backend == "local":
-        torch.set_num_threads(config.placement.torch_threads_per_process)  # as place_local does
+        set_torch_threads(config.placement.torch_threads_per_process)  # as place_local does
         return LocalPolicy(role_cls(config, run_dir=run_dir, **kwargs))
     return _place_ray(config, config_path, opts, role_cls, kwargs, run_dir)
 

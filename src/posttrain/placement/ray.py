@@ -49,6 +49,7 @@ from posttrain.placement.ray_host import (
 )
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
+from posttrain.placement.threads import node_load, oversubscription
 from posttrain.trainer.compat import differing_keys
 
 log = logging.getLogger("posttrain")
@@ -238,6 +239,10 @@ def _check_serialisable(fn: ObjectiveBuilder) -> None:
 def connect(pc, actors: int, model_actors: int) -> bool:
     """Join or start Ray (see :func:`_connect`) and check it has room for ``actors`` actors,
     ``model_actors`` of which take ``placement.gpus_per_role`` GPUs."""
+    if not pc.ray_address and not ray.is_initialized():  # a local instance: every actor here
+        contention = oversubscription(pc.torch_threads_per_process, node_load(), actors)
+        if contention is not None:
+            log.warning("%s", contention)
     owns_ray = _connect(pc.ray_address, cpus_needed=pc.cpus_per_role * actors)
     try:
         _check_capacity(pc, actors, model_actors)

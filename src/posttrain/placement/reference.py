@@ -31,7 +31,10 @@ from posttrain.algorithm.primitives.objective import (
     Reduction,
 )
 from posttrain.config import PosttrainConfig
-from posttrain.config.build import needs_reference, objective_builder, objective_context
+from posttrain.config.build import (
+    objective_builder,
+    objective_context,
+)
 from posttrain.data.logprobs import response_logprobs
 from posttrain.data.prefix import use_shared_prefix
 from posttrain.data.trajectory import TrajectoryBatch
@@ -41,15 +44,6 @@ from posttrain.placement.dispatch import rank_rows
 from posttrain.placement.specs import RoleSpec
 from posttrain.trainer.accumulate import split_evenly
 from posttrain.trainer.llm import update_micro_slices
-
-
-def reference_on_data(config: PosttrainConfig) -> bool:
-    """Whether the run's frozen reference scores on the data side: it has one, and
-    ``placement.reference_on`` is ``data``, or ``auto`` under ``rl.off_policy_lag >= 1``."""
-    where = config.placement.reference_on
-    if where == "auto":
-        where = "data" if config.rl.off_policy_lag >= 1 else "policy"
-    return where == "data" and needs_reference(config)
 
 
 class ReferenceRole:

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from posttrain.algorithm.primitives.objective import DataSideReference
 from posttrain.config import PosttrainConfig, to_dict
-from posttrain.config.build import needs_reference, objective_context
+from posttrain.config.build import needs_reference, objective_context, reference_on_data
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.env.episode import Episode, TurnRequest
@@ -27,7 +27,6 @@ from posttrain.model.loading import load_policy
 from posttrain.model.lora import AdapterFreeReference, apply_lora
 from posttrain.model.protocol import model_capabilities, require_trainable
 from posttrain.placement.device import rollout_dtype
-from posttrain.placement.reference import reference_on_data
 from posttrain.placement.weight_sync import (
     WeightSink,
     WeightSource,
@@ -154,8 +153,9 @@ class RolloutRole:
     """Samples responses. Given ``model``, it samples with that very module (in-process sharing:
     weight sync then copies nothing); otherwise it loads its own copy from the config.
 
-    An own copy has ``rollout.dtype`` (float32 on the CPU by default, like the policy's master
-    weights, so both placements draw the same tokens for the same seed; bfloat16 on CUDA) and
+    An own copy has ``rollout.dtype`` (``auto``: bfloat16 where the device has native bf16
+    matmuls, else float32 like the policy's master weights, so both placements draw the same
+    tokens for the same seed) and
     receives the policy's weights bucket by bucket (``placement/weight_sync.py``); with LoRA it
     keeps a float32 copy of the adapted base weights, onto which it merges the adapters it
     receives.

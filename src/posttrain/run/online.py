@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.config import ConfigError, PosttrainConfig
+from posttrain.config.build import reference_on_data
 from posttrain.config.user_code import check_builder
 from posttrain.control.data_checks import load_tasks
 from posttrain.control.env_inputs import check_environment_inputs
@@ -30,7 +31,7 @@ from posttrain.control.input_checks import check_inputs
 from posttrain.data.tasks import TaskItem, TaskSource
 from posttrain.model.loading import load_tokenizer
 from posttrain.model.tiny import ensure_tiny_model
-from posttrain.placement.reference import REFERENCE, reference_on_data
+from posttrain.placement.reference import REFERENCE
 from posttrain.placement.specs import RoleSpec, annotate
 from posttrain.reward.dynamic_sampling import sample_step
 from posttrain.reward.stage import ENV_REWARD_COLUMN

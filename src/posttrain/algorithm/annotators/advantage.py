@@ -22,39 +22,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posttrain.algorithm.knobs import FIXED_SCALING
+from posttrain.algorithm.knobs import (
+    advantage_reads as advantage_reads,  # users' builders name it here
+)
 from posttrain.algorithm.primitives.choices import ESTIMATORS, SCALINGS
-from posttrain.algorithm.primitives.reads import Reads
-
-#: Estimators that fix their own scaling (``scaling`` is not read).
-FIXED_SCALING = {"dr_grpo": "none", "reinforce_pp": "batch"}
-
-#: Every knob an advantage can depend on, the shaped task reward it is computed from included.
-ADVANTAGE_KNOBS = frozenset({
-    "rl.advantage_estimator", "rl.reward_scaling", "rl.advantage_eps",
-    "reward.overlong_buffer", "reward.overlong_penalty",
-})  # fmt: skip
-
-
-def advantage_reads(config) -> Reads:
-    """The knobs the advantage reads under ``config``: an objective that trains on
-    ``batch.advantages`` reads these (its declaration includes this one)."""
-    rl, reward = config.rl, config.reward
-    est = rl.advantage_estimator
-    keys = {"rl.advantage_estimator", "reward.overlong_buffer"}
-    unread: dict[str, str] = {}
-    if est in FIXED_SCALING:
-        unread["rl.reward_scaling"] = f"rl.advantage_estimator={est} fixes its own scaling"
-    else:
-        keys.add("rl.reward_scaling")
-    if FIXED_SCALING.get(est, rl.reward_scaling) == "none":
-        unread["rl.advantage_eps"] = f"no std division with rl.advantage_estimator={est}"
-    else:
-        keys.add("rl.advantage_eps")
-    if reward.overlong_buffer:
-        keys.add("reward.overlong_penalty")
-    else:
-        unread["reward.overlong_penalty"] = "the overlong punishment is off at overlong_buffer=0"
-    return Reads(frozenset(keys), f"rl.advantage_estimator={est}", unread)
 
 
 def _group_index(group_ids: Tensor, group_size: int | None) -> tuple[Tensor, Tensor]:

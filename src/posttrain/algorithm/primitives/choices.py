@@ -10,6 +10,8 @@ LossType = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-fixed"
 ]
 LOSS_TYPES: tuple[str, ...] = typing.get_args(LossType)
+#: Reductions that sum a response's tokens, so a response weighs in proportion to its length.
+LENGTH_WEIGHTED_LOSS_TYPES = ("seq-mean-token-sum", "seq-mean-token-sum-fixed")
 
 #: Schulman's per-token KL estimators (see ``divergence.kl_penalty``).
 KLEstimator = Literal["k1", "k2", "k3"]

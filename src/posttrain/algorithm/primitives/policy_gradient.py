@@ -240,10 +240,6 @@ def check_max_response_length(value: object) -> int:
     return value
 
 
-#: Reductions that sum a response's tokens, so a response weighs in proportion to its length.
-LENGTH_WEIGHTED_LOSS_TYPES = ("seq-mean-token-sum", "seq-mean-token-sum-fixed")
-
-
 def response_bound(loss_type: str, context: object) -> int | None:
     """What a builder passes as ``max_response_length``: the rollout bound for the reduction
     that divides by it (``seq-mean-token-sum-fixed``), checked now; None for the others."""
