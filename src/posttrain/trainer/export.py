@@ -148,7 +148,6 @@ def _weight_files(folder: Path) -> dict[str, Path]:
     raise CheckpointError(f"{folder} holds neither {SINGLE_FILE} nor {INDEX_FILE} (safetensors)")
 
 
-@torch.no_grad()
 def _missing(checkpoint: Path) -> str:
     """A well-named checkpoint that is not there: say so, and which ones its folder holds."""
     what = "is a file, not a checkpoint folder" if checkpoint.exists() else "does not exist"
@@ -162,6 +161,7 @@ def _missing(checkpoint: Path) -> str:
     return f"{checkpoint} {what}, and {parent} holds no complete checkpoint; check the path"
 
 
+@torch.no_grad()
 def _merge_adapters(adapter_dir: Path, base: Path, out: Path) -> None:
     """The base model's weights with the adapters of ``adapter_dir`` merged in, layer by layer,
     in float32 (the policy's master dtype), as peft merges them."""
