@@ -113,14 +113,7 @@ def record_inputs(config: PosttrainConfig, run_dir: Path) -> None:
 def newest_checkpoint(root: Path) -> tuple[int, Path, dict[str, Any]] | None:
     """The newest step directory with a ``COMPLETE`` marker and a readable ``meta.json``
     (resume verifies its bytes later; this is only for the early decisions)."""
-    if not root.is_dir():
-        return None
-    found = []
-    for p in root.iterdir():
-        name = p.name
-        if name.startswith("step_") and name[5:].isdigit() and (p / "COMPLETE").is_file():
-            found.append((int(name[5:]), p))
-    for step, path in sorted(found, reverse=True):
+    for step, path in reversed(CheckpointManager(root).complete()):
         try:
             meta = json.loads((path / "meta.json").read_text())
         except (OSError, ValueError):

@@ -108,6 +108,11 @@ class CheckpointManager:
                 found.append((int(m.group(1)), p))
         return sorted(found)
 
+    def complete(self) -> list[tuple[int, Path]]:
+        """``(step, path)`` of each step directory with a ``COMPLETE`` marker, oldest first
+        (not verified: for naming what a run directory holds)."""
+        return [(step, path) for step, path in self._step_dirs() if (path / COMPLETE).is_file()]
+
     def has_any(self) -> bool:
         """Whether ``root`` already holds checkpoint files of some run (complete or not)."""
         return self.root.is_dir() and (
