@@ -211,3 +211,20 @@ def test_model_export_of_a_missing_checkpoint_says_it_is_missing(runs, tmp_path,
     assert "\n" not in err and f"{gone} does not exist" in err, err
     assert f"holds the complete checkpoints step_{STEPS:08d}" in err, err
     assert "step_NNNNNNNN" not in err and not (tmp_path / "hf").exists()
+
+
+def test_merging_adapters_records_no_autograd_graph(tmp_path, monkeypatch):
+    """The LoRA merge reads and sums whole weight matrices: it runs under ``torch.no_grad``."""
+    import posttrain.trainer.export as export
+
+    modes = []
+
+    def scale(cfg: dict) -> float:
+        modes.append(torch.is_grad_enabled())
+        raise RuntimeError("stop after the first step")
+
+    monkeypatch.setattr(export, "lora_scale", scale)
+    (tmp_path / "adapter_config.json").write_text("{}")
+    with pytest.raises(RuntimeError, match="stop after"):
+        export._merge_adapters(tmp_path, tmp_path, tmp_path / "out")
+    assert modes == [False]

@@ -59,9 +59,16 @@ def out(tiny, tmp_path_factory):
             job(tiny, out, "bf16_none1", "none", opts=bf16),
             job(tiny, out, "fsdp1", "fsdp", save=3),
             job(tiny, out, "fsdp2_into_1", "none", steps=0, load=ckpt(out, "fsdp2")),
+            job(tiny, out, "fsdp2_into_1_fsdp", "fsdp", steps=0, load=ckpt(out, "fsdp2")),
             job(tiny, out, "replicated_into_fsdp", "fsdp", steps=0, load=ckpt(out, "none2"),
                 expect_error=True)], 1)  # fmt: skip
-    launch([job(tiny, out, "fsdp1_into_2", "fsdp", steps=0, load=ckpt(out, "fsdp1"))], 2)
+    launch(
+        [
+            job(tiny, out, "fsdp1_into_2", "fsdp", steps=0, load=ckpt(out, "fsdp1")),
+            job(tiny, out, "fsdp2_into_2_none", "none", steps=0, load=ckpt(out, "fsdp2")),
+        ],
+        2,
+    )
     return out
 
 
@@ -123,7 +130,10 @@ def test_bf16_mixed_precision_keeps_float32_master_shards(out):
 
 
 def test_sharded_checkpoint_resumes_on_fewer_and_more_ranks(out):
-    for written, loaded in [("fsdp2", "fsdp2_into_1"), ("fsdp1", "fsdp1_into_2")]:
+    """2 -> 1 and 1 -> 2 sharded ranks, 2 sharded -> 1 and 2 replicated ones (scaling.md)."""
+    pairs = [("fsdp2", "fsdp2_into_1"), ("fsdp1", "fsdp1_into_2"),
+             ("fsdp2", "fsdp2_into_1_fsdp"), ("fsdp2", "fsdp2_into_2_none")]  # fmt: skip
+    for written, loaded in pairs:
         a, b = load(out, written), load(out, loaded)
         assert a["params"].keys() == b["params"].keys() and a["optim"].keys() == b["optim"].keys()
         assert len(a["optim"]) == 2 * (len(a["params"]) - 1)  # 2 moments; lm_head is tied

@@ -170,3 +170,18 @@ def test_a_refused_config_change_is_one_line_never_cut(tmp_path):
     msg = str(e.value)
     assert "rl.lr: checkpoint=" in msg and "now=0.5" in msg
     assert one_line(msg) == msg and "characters cut" not in one_line(msg)
+
+
+def test_each_placement_change_that_can_round_differently_gets_its_note():
+    """Resume's notes name each such placement key once, with why (not only the rank count)."""
+    from posttrain.trainer.compat import resume_notes
+
+    saved = to_dict(config("placement.backend=ray", "placement.policy_sharding=fsdp"))
+    now = to_dict(config("placement.backend=ray", "placement.policy_ranks=2",
+                         "placement.gpus_per_role=1"))  # fmt: skip
+    notes = resume_notes(saved, now)
+    assert [n.split(" changed")[0] for n in notes] == [
+        "placement.gpus_per_role", "placement.policy_ranks", "placement.policy_sharding"
+    ]  # fmt: skip
+    assert "sharded and replicated ranks sum in another order" in notes[2]
+    assert resume_notes(saved, saved) == []

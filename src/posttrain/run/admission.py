@@ -42,7 +42,6 @@ from posttrain.run.fingerprint import changed_inputs, fingerprints
 from posttrain.trainer.checkpoint import CheckpointManager, refuse_unloadable
 from posttrain.trainer.compat import RESUME_MUTABLE_KEYS, check_resume_compatible, differing_keys
 from posttrain.trainer.errors import ResumeError
-from posttrain.trainer.manifest import CorruptCheckpointError, verify
 
 log = logging.getLogger("posttrain")
 
@@ -113,14 +112,7 @@ def record_inputs(config: PosttrainConfig, run_dir: Path) -> None:
 def newest_checkpoint(root: Path) -> tuple[int, Path, dict[str, Any]] | None:
     """The newest step directory with a ``COMPLETE`` marker and a readable ``meta.json``
     (resume verifies its bytes later; this is only for the early decisions)."""
-    if not root.is_dir():
-        return None
-    found = []
-    for p in root.iterdir():
-        name = p.name
-        if name.startswith("step_") and name[5:].isdigit() and (p / "COMPLETE").is_file():
-            found.append((int(name[5:]), p))
-    for step, path in sorted(found, reverse=True):
+    for step, path in reversed(CheckpointManager(root).complete()):
         try:
             meta = json.loads((path / "meta.json").read_text())
         except (OSError, ValueError):
@@ -136,22 +128,21 @@ def _verified_if_final(
     """:func:`newest_checkpoint`, verified byte for byte when it is the run's last step: a
     finished run loads no policy (whose resume would verify it and fall back), so a damaged
     final checkpoint is set aside here, as resume does, and the one before it decides."""
-    skipped = 0
-    while (newest := newest_checkpoint(root)) is not None and newest[0] == config.rl.max_steps:
-        try:
-            verify(newest[1], newest[0])
-            return newest
-        except CorruptCheckpointError as e:
-            warnings.warn(f"{e}; skipping it and trying an older checkpoint", stacklevel=3)
-            CheckpointManager(root).set_aside(newest[1])
-            skipped += 1
-    if newest is None and skipped:
+    newest = newest_checkpoint(root)
+    if newest is None or newest[0] != config.rl.max_steps:
+        return newest  # an unfinished run: resume verifies it when the policy loads
+    manager = CheckpointManager(root)
+    if manager.verified(newest[1], newest[0]) is not None:
+        return newest
+    manager.set_aside(newest[1])
+    older = newest_checkpoint(root)
+    if older is None:
         raise ResumeError(
             f"the final checkpoint under {root} does not verify (moved aside as "
             ".corrupt-step_*) and no earlier one is left; start over under a new job.name, "
             "or delete that directory"
         )
-    return newest
+    return older
 
 
 def run_records(run_dir: Path) -> list[str]:

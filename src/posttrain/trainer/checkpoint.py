@@ -108,6 +108,11 @@ class CheckpointManager:
                 found.append((int(m.group(1)), p))
         return sorted(found)
 
+    def complete(self) -> list[tuple[int, Path]]:
+        """``(step, path)`` of each step directory with a ``COMPLETE`` marker, oldest first
+        (not verified: for naming what a run directory holds)."""
+        return [(step, path) for step, path in self._step_dirs() if (path / COMPLETE).is_file()]
+
     def has_any(self) -> bool:
         """Whether ``root`` already holds checkpoint files of some run (complete or not)."""
         return self.root.is_dir() and (
@@ -280,14 +285,11 @@ class CheckpointManager:
         skipped: list[Path] = []
         chosen = meta = None
         for step, path in reversed(candidates):
-            try:
-                meta = verify(path, step)  # hashes every file once; loading reuses the result
-            except CorruptCheckpointError as e:
-                warnings.warn(f"{e}; skipping it and trying an older checkpoint", stacklevel=2)
-                skipped.append(path)
-                continue
-            chosen = path
-            break
+            meta = self.verified(path, step)  # hashes every file once; loading reuses the result
+            if meta is not None:
+                chosen = path
+                break
+            skipped.append(path)
         dp.barrier()
         if dp.rank() == 0:
             for path in skipped:
@@ -313,6 +315,15 @@ class CheckpointManager:
                 f"removing half-written checkpoint {p} (an interrupted save)", stacklevel=3
             )
             shutil.rmtree(p)
+
+    def verified(self, path: Path, step: int) -> dict[str, Any] | None:
+        """``path``'s meta when its bytes match its manifest; else None, with a warning that it
+        is skipped (the caller moves it aside with :meth:`set_aside`)."""
+        try:
+            return verify(path, step)
+        except CorruptCheckpointError as e:
+            warnings.warn(f"{e}; skipping it and trying an older checkpoint", stacklevel=3)
+            return None
 
     def set_aside(self, path: Path) -> None:
         """Move a checkpoint that does not verify aside as ``.corrupt-step_*`` (with a warning):

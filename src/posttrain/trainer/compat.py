@@ -42,7 +42,7 @@ RESUME_MUTABLE_KEYS: tuple[str, ...] = (
     "placement.gpus_per_role",
     "placement.sync_bucket_mb",
     # How the policy is spread over processes: the same update up to the order of float sums
-    # (resume warns); a checkpoint reshards where its format allows (checkpoint.py, reshard).
+    # (resume warns); a checkpoint reshards where its format allows (checkpoint.refuse_unloadable).
     "placement.policy_ranks",
     "placement.policy_sharding",
 )

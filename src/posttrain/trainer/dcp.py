@@ -77,7 +77,7 @@ def save_sharded(directory: Path, trainer, tokenizer: object | None = None) -> N
         with _quiet_single_process():
             dcp.save(_states(trainer), checkpoint_id=str(directory / DCP_DIR))
     except CheckpointException as e:  # every rank gets every rank's failure
-        cause = rank_failure(e)
+        cause = _rank_failure(e)
         if cause is None:
             raise
         raise cause from e
@@ -94,7 +94,7 @@ def save_sharded(directory: Path, trainer, tokenizer: object | None = None) -> N
             tokenizer.save_pretrained(model_dir)
 
 
-def rank_failure(error: CheckpointException) -> BaseException | None:
+def _rank_failure(error: CheckpointException) -> BaseException | None:
     """The error a rank's write failed with, out of DCP's wrapper (a ``BaseException`` whose
     text holds every rank's traceback): an ``OSError`` first (a full disk, a removed folder),
     so the save reports it as a single-process save does (``save_errors.write_failure``)."""

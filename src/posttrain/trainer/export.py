@@ -34,6 +34,7 @@ from torch import Tensor
 
 from posttrain.fileio import fsync_dir
 from posttrain.run.records import FINAL_DIR
+from posttrain.trainer.checkpoint import CheckpointManager
 from posttrain.trainer.dcp import hf_from_dcp, is_sharded_checkpoint, lora_scale, write_layers
 from posttrain.trainer.errors import CheckpointError
 from posttrain.trainer.manifest import verify
@@ -54,7 +55,7 @@ def export_hf(checkpoint: str | os.PathLike, out: str | os.PathLike, replace: bo
     if step is None:
         raise CheckpointError(f"{checkpoint} is not a checkpoint directory (step_NNNNNNNN)")
     if not checkpoint.is_dir():
-        raise CheckpointError(_missing(checkpoint))
+        raise CheckpointError(_missing_message(checkpoint))
     if not replace and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out} already exists and is not empty; export into a new folder")
     meta = verify(checkpoint, int(step.group(1)))  # nothing is exported from a damaged one
@@ -148,20 +149,18 @@ def _weight_files(folder: Path) -> dict[str, Path]:
     raise CheckpointError(f"{folder} holds neither {SINGLE_FILE} nor {INDEX_FILE} (safetensors)")
 
 
-@torch.no_grad()
-def _missing(checkpoint: Path) -> str:
+def _missing_message(checkpoint: Path) -> str:
     """A well-named checkpoint that is not there: say so, and which ones its folder holds."""
     what = "is a file, not a checkpoint folder" if checkpoint.exists() else "does not exist"
     parent = checkpoint.parent
-    held = sorted(
-        p.name for p in parent.glob("step_*") if p.is_dir() and (p / "COMPLETE").is_file()
-    ) if parent.is_dir() else []  # fmt: skip
+    held = [path.name for _, path in CheckpointManager(parent).complete()]
     if held:
         shown = ", ".join(held[-5:]) + (f" (and {len(held) - 5} older)" if len(held) > 5 else "")
         return f"{checkpoint} {what}; {parent} holds the complete checkpoints {shown}"
     return f"{checkpoint} {what}, and {parent} holds no complete checkpoint; check the path"
 
 
+@torch.no_grad()
 def _merge_adapters(adapter_dir: Path, base: Path, out: Path) -> None:
     """The base model's weights with the adapters of ``adapter_dir`` merged in, layer by layer,
     in float32 (the policy's master dtype), as peft merges them."""
