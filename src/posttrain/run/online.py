@@ -216,6 +216,7 @@ class OnlineBody:
         # rl.eval_every=0 turns held-out evaluation off entirely (also before and after training).
         self.val_items = tasks.val_items() if config.rl.eval_every else []
         self.evaluates = bool(self.val_items)
+        self.evaluation = f"{len(self.val_items)} held-out problems (greedy)"
         lag = config.rl.off_policy_lag
         self.pipeline = None
         if lag:
