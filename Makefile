@@ -100,7 +100,7 @@ BENCH_VENV := .venv-bench
 BENCH_PIP := $(BENCH_VENV)/bin/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
 TRL_VERSION ?= 1.16.*
 BENCH_ARGS ?=
-POSTTRAIN_SMOLLM2 ?= /work/models/smollm2
+POSTTRAIN_SMOLLM2 ?= outputs/models/smollm2-135m-instruct
 
 $(BENCH_VENV)/bin/.installed: pyproject.toml constraints.txt
 	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)

@@ -1,0 +1,45 @@
+"""No machine-specific absolute path in what a user reads or runs: the README, the guides, the
+Makefile, the benchmarks and examples. The developer's work folder (``/work/...``) and a lock
+file in the system temp folder (``flock /tmp/heavy.lock``) once stood there and failed on every
+other machine; model folders default inside the repository (``outputs/models/...``, git-ignored)
+or to a variable (``$POSTTRAIN_SMOLLM2``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKED = [
+    REPO / "README.md",
+    REPO / "Makefile",
+    *sorted((REPO / "docs").rglob("*.md")),
+    *sorted((REPO / "benchmarks").rglob("*.py")),
+    *sorted((REPO / "examples").rglob("*.py")),
+]
+MACHINE_PATHS = re.compile(r"/work/|heavy\.lock|/tmp/[\w.-]+\.lock")
+#: (file, text) still carrying such a path in another owner's pending change: the tools guide's
+#: example error message names a run folder (its owner rewrites that example).
+PENDING = {("docs/guides/tools.md", "no 'my_env' in /work/run or on sys.path")}
+
+
+def test_no_machine_specific_absolute_paths():
+    found = []
+    for path in CHECKED:
+        name = str(path.relative_to(REPO))
+        for no, line in enumerate(path.read_text().splitlines(), 1):
+            if MACHINE_PATHS.search(line) and not any(
+                name == f and text in line for f, text in PENDING
+            ):
+                found.append(f"{name}:{no}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+def test_the_smollm2_folder_defaults_inside_the_repository(monkeypatch):
+    from posttrain.model.gguf_import import SMOLLM2_DIR, smollm2_dir
+
+    monkeypatch.delenv("POSTTRAIN_SMOLLM2", raising=False)
+    assert smollm2_dir() == Path(SMOLLM2_DIR) and not Path(SMOLLM2_DIR).is_absolute()
+    assert f"POSTTRAIN_SMOLLM2 ?= {SMOLLM2_DIR}" in (REPO / "Makefile").read_text()
+    monkeypatch.setenv("POSTTRAIN_SMOLLM2", "/models/smollm2")
+    assert smollm2_dir() == Path("/models/smollm2")
