@@ -43,3 +43,24 @@ def test_the_smollm2_folder_defaults_inside_the_repository(monkeypatch):
     assert f"POSTTRAIN_SMOLLM2 ?= {SMOLLM2_DIR}" in (REPO / "Makefile").read_text()
     monkeypatch.setenv("POSTTRAIN_SMOLLM2", "/models/smollm2")
     assert smollm2_dir() == Path("/models/smollm2")
+
+
+def test_the_readme_names_every_built_in_recipe_and_nothing_stale():
+    readme = (REPO / "README.md").read_text()
+    recipes = [
+        p.stem for p in (REPO / "src/posttrain/configs").glob("*.py") if p.stem != "__init__"
+    ]
+    missing = [r for r in recipes if f"`{r}`" not in readme]
+    assert not missing, f"README.md's recipe list leaves out {missing}"
+    assert "not yet wired into training" not in readme
+
+
+def test_the_readme_commands_write_only_under_outputs():
+    """Example commands that wrote models/, hf/ or ./curves.png left untracked files in a clone."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## Using it", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    for line in block.splitlines():
+        if "--out" in line or line.startswith("posttrain plot") and " outputs/grpo/" in line:
+            out = line.split("--out ", 1)[1].split()[0] if "--out" in line else None
+            assert out is not None and out.startswith("outputs/"), line
+    assert "/outputs/" in (REPO / ".gitignore").read_text().split()
