@@ -36,7 +36,7 @@ except ImportError as e:  # an optional extra
         f"placement.backend=ray needs Ray ({e}); install it with pip install 'posttrain[ray]'"
     ) from e
 
-from posttrain.config.build import needs_reference
+from posttrain.config.build import needs_reference, reference_on_data
 from posttrain.config.user_code import BuilderError, check_builder
 from posttrain.placement.device import rollout_dtype
 from posttrain.placement.dispatch import shard_batch
@@ -49,7 +49,6 @@ from posttrain.placement.ray_host import (
     RolloutHost,
     worker_pythonpath,
 )
-from posttrain.placement.reference import reference_on_data
 from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
 from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
 from posttrain.placement.threads import node_load, oversubscription
