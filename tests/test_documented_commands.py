@@ -212,7 +212,10 @@ def test_every_documented_command_runs_in_the_order_written(tmp_path, capsys):
     shutil.copytree(REPO / "examples", tmp_path / "examples")
     bin_dir = tmp_path / ".bin"
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
+    # A wrapper, not a symlink: a symlinked venv python finds no pyvenv.cfg beside it and runs
+    # without the venv's packages (transformers), so documented `python -m ...` commands failed.
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}  # fmt: skip
