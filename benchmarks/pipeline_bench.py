@@ -15,7 +15,7 @@ Workloads: ``small`` (default: the ``arithmetic_clipped`` recipe, KL anchor on, 
 preset, 8 prompts x 8 samples, 32 new tokens; ``--preset``, ``--prompts``, ``--n``,
 ``--max-tokens`` change it) and ``smollm2`` (the ``smollm2_reasoning_gym`` recipe as it is:
 SmolLM2-135M-Instruct with LoRA, 8 x 8, 64 new tokens, no KL reference; the model folder is
-``$POSTTRAIN_SMOLLM2`` or /work/models/smollm2).
+``$POSTTRAIN_SMOLLM2``, default outputs/models/smollm2-135m-instruct).
 
 Reports medians of the step time and its phases over the steps after ``--warmup`` (the first step
 of a lagged run also collects the first batch), and steps/s relative to ``ray k=0``. ``reference``
@@ -38,6 +38,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from posttrain.model.gguf_import import smollm2_dir
+
 RAY = {"placement.backend": "ray", "placement.torch_threads_per_process": 1}
 RUNS = {
     "ray k=0": {**RAY, "rl.off_policy_lag": 0},
@@ -46,7 +48,7 @@ RUNS = {
     "local k=0": {"placement.backend": "local", "placement.torch_threads_per_process": 2},
 }  # fmt: skip
 PHASES = ("step", "rollout", "reward", "reference", "train", "sync", "pipeline_wait")
-SMOLLM2_DIR = Path(os.environ.get("POSTTRAIN_SMOLLM2", "/work/models/smollm2"))
+SMOLLM2_DIR = smollm2_dir()
 #: Per workload: its recipe and the runs it has by default.
 WORKLOADS = {
     "small": ("arithmetic_clipped", list(RUNS)),

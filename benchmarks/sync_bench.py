@@ -2,7 +2,7 @@
 adapters only.
 
 For each model (the ``tiny`` and ``small`` presets; SmolLM2-135M with LoRA when
-``/work/models/smollm2`` exists) and each policy layout (one unsharded rank; two FSDP ranks on
+``$POSTTRAIN_SMOLLM2`` (default ``outputs/models/smollm2-135m-instruct``) exists) and each policy layout (one unsharded rank; two FSDP ranks on
 gloo), it places the roles on a local Ray instance (one torch thread per actor) and times
 ``RayRoles.sync_weights`` for each way of sending the weights:
 
@@ -19,7 +19,7 @@ half millisecond — gathered tensors, serialisation buffers; ``+RSS`` the peak 
 resident set (``VmHWM``, reset before), which also counts the object store's shared-memory pages
 the process wrote or read (the store reuses them; they are not the process's own).
 
-    flock /tmp/heavy.lock python benchmarks/sync_bench.py
+    python benchmarks/sync_bench.py   # alone on the machine: it times
     python benchmarks/sync_bench.py --models tiny --syncs 3 --json out.json
 """
 
@@ -33,7 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-SMOLLM2 = Path("/work/models/smollm2")
+from posttrain.model.gguf_import import smollm2_dir
+
+SMOLLM2 = smollm2_dir()
 MIB = 2**20
 ONE_PIECE_MB = 1e6  # larger than any model here: one bucket
 

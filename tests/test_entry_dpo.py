@@ -236,14 +236,19 @@ def test_a_signal_finishes_the_step_saves_and_resumes(base, signum, save_on_sign
 
 
 def test_progress_is_plain_lines_into_a_log_file(base):
-    """stderr that is not a terminal gets a line every logging.log_every steps, no bar frames."""
-    proc = launch_cli(opts_for(base, "plain", **{"logging.progress": True,
+    """stderr that is not a terminal gets a line at the first step and every logging.log_every
+    steps, no bar frames; the evaluations before and after training are announced."""
+    proc = launch_cli(opts_for(base, "plain", **{"logging.progress": True, "rl.eval_every": 4,
                                                   "logging.log_every": 2}))  # fmt: skip
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "\r" not in err
     lines = [x for x in err.splitlines() if " step " in x and "/4 " in x]
-    assert [x.split(" step ")[1].split()[0] for x in lines] == ["2/4", "4/4"], err
+    assert [x.split(" step ")[1].split()[0] for x in lines] == ["1/4", "2/4", "4/4"], err
+    announced = [x.split("posttrain: ")[-1] for x in err.splitlines() if "evaluating on " in x]
+    assert [x.split(" (2 per class, fixed seeds) ")[1] for x in announced] == [
+        "before training...", "after training...",
+    ], err  # fmt: skip
     assert "loss " in lines[0] and "step_s " in lines[0]
 
 

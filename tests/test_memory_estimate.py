@@ -19,11 +19,12 @@ from transformers import LlamaForCausalLM
 from posttrain.config import from_yaml, load_config
 from posttrain.control import memory
 from posttrain.entrypoints.cli import main
+from posttrain.model.gguf_import import smollm2_dir
 from posttrain.model.lora import apply_lora
 from posttrain.model.tiny import count_parameters, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
-SMOLLM2 = Path(os.environ.get("POSTTRAIN_SMOLLM2", "/work/models/smollm2"))
+SMOLLM2 = smollm2_dir()
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "arith"])

@@ -173,3 +173,43 @@ def test_bad_budget_is_a_one_line_error(capsys, opts, fragment):
     assert main(["config", "show", "--config", "arithmetic", "--", *opts]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and fragment in err and "Traceback" not in err
+
+
+def test_a_budget_below_one_response_warns_in_preflight(capsys):
+    argv = ["config", "show", "--config", "arithmetic", "--", "rl.micro_batch_tokens=8",
+            "rollout.max_tokens=16"]  # fmt: skip
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    warned = [x for x in (out + err).splitlines() if "micro_batch_tokens=8 is" in x]
+    assert warned == [
+        "warning: rl.micro_batch_tokens=8 is below one row: a row forwards its prompt plus up to "
+        "rollout.max_tokens=16 response tokens, so each such row runs alone, one forward per "
+        "row; set rl.micro_batch_tokens to at least the longest prompt + 16"
+    ]
+
+
+def test_a_budget_below_the_first_batch_s_rows_warns_once_naming_the_smallest(tmp_path, caplog):
+    """Rows over the budget run alone (many times slower), silently before: one line at the
+    first step names the smallest budget that fits every row of that batch."""
+    import logging
+
+    from posttrain.model.tiny import build_tiny_model
+
+    model = build_tiny_model("tiny", tmp_path / "m")
+    opts = {
+        "job.output_root": tmp_path / "out", "model.name_or_path": model, "data.train_size": 40,
+        "data.val_size": 4, "data.prompts_per_step": 2, "rollout.n": 2, "rollout.max_tokens": 2,
+        "rl.max_steps": 2, "rl.eval_every": 0, "rl.micro_batch_tokens": 3,
+        "logging.progress": False,
+    }  # fmt: skip
+    caplog.set_level(logging.WARNING, logger="posttrain")
+    assert (
+        main(["grpo", "--config", "arithmetic", "--", *(f"{k}={v}" for k, v in opts.items())]) == 0
+    )
+    warned = [m for m in caplog.messages if "micro_batch_tokens" in m]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith(
+        "rl.micro_batch_tokens=3 is below one row: 4 of the first batch's 4 rows"
+    )
+    smallest = int(warned[0].split("to at least ")[1].split()[0])
+    assert smallest > 3 and f"up to {smallest} tokens, prompt + response" in warned[0]

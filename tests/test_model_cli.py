@@ -32,5 +32,17 @@ def test_errors_are_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == (
         "posttrain: error: unknown tiny-model preset 'huge'; choose one of "
-        "['arith', 'arith_tools', 'small', 'tiny']\n"
+        "['arith', 'arith_tools', 'small', 'tiny', 'tiny_tools']\n"
     )
+
+
+def test_tiny_help_lists_every_preset_of_the_registry(capsys):
+    import pytest
+
+    from posttrain.model.presets import PRESETS
+
+    with pytest.raises(SystemExit):
+        posttrain_main(["model", "tiny", "--help"])
+    listed = " ".join(capsys.readouterr().out.split())  # argparse wraps the line
+    assert f"a preset of posttrain.model.presets: {', '.join(PRESETS)}" in listed
+    assert "arith_tools" in listed and "tiny_tools" in listed

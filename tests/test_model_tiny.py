@@ -104,3 +104,41 @@ def test_arith_preset_has_the_small_alphabet(tmp_path):
     assert count_parameters(model) == 34_336
     ids = tok("12+7=")["input_ids"]
     assert tok.decode(ids, skip_special_tokens=True) == "12+7=" and len(ids) == 6
+
+
+def test_tiny_tools_preset_covers_printable_ascii_with_tool_markers_and_a_template(tmp_path):
+    """``tiny`` has no tool markers and no chat template, so a multi-turn run cannot use it;
+    ``tiny_tools`` is the small model for one's own tools."""
+    import string
+
+    from posttrain.env.render import check_template
+    from posttrain.model.tokenizer import TOOL_MARKERS
+
+    model, tok = load_policy(build_tiny_model("tiny_tools", tmp_path / "t"))
+    assert count_parameters(model) == 102_144  # the module docstring's table
+    printable = string.printable.translate({ord(c): None for c in "\r\x0b\x0c"})
+    ids = tok(printable, add_special_tokens=False).input_ids
+    assert len(ids) == len(printable) and tok.unk_token_id not in ids
+    assert tok.decode(ids) == printable
+    call = '<tool_call>{"name": "search", "arguments": {"q": "`x`"}}</tool_call>'
+    ids = tok(call, add_special_tokens=False).input_ids
+    assert (
+        tok.unk_token_id not in ids and len(ids) == len(call) - sum(map(len, TOOL_MARKERS[:2])) + 2
+    )
+    schema = {"type": "function", "function": {"name": "calculator", "parameters": {}}}
+    check_template(tok, [schema])  # prefix-stable, with a tool turn
+
+
+def test_tiny_tools_preset_trains_a_multiturn_run(tmp_path, capsys):
+    from posttrain.entrypoints.cli import main
+
+    opts = {
+        "model.init_preset": "tiny_tools", "model.name_or_path": str(tmp_path / "m"),
+        "job.output_root": str(tmp_path / "out"), "env.name": "calculator", "env.max_turns": 2,
+        "env.max_context": 120, "rl.max_steps": 1, "rl.eval_every": 1, "data.val_size": 4,
+        "data.prompts_per_step": 2, "rollout.n": 2, "rollout.max_tokens": 8,
+        "logging.progress": False,
+    }  # fmt: skip
+    argv = ["grpo", "--config", "arithmetic", "--", *(f"{k}={v}" for k, v in opts.items())]
+    assert main(argv) == 0
+    assert "held-out accuracy: 0.000 -> " in capsys.readouterr().out

@@ -248,6 +248,8 @@ def test_killed_policy_rank_stops_a_cli_run_that_joined_the_cluster(
     report = [ln for ln in stderr.splitlines() if ln.startswith("posttrain:")]
     assert len(report) == 1 and "RoleFailedError" in report[0], stderr
     assert "policy rank" in report[0] and "died" in report[0] and "rl.resume=auto" in report[0]
+    # a Ray run says where it placed the roles, as a local run does
+    assert "posttrain: placement: Ray, policy on 2 actor(s) on cpu (replicated," in stderr
     done = sorted(p for p in ckpts.glob("step_*") if (p / "COMPLETE").exists())
     last = done[-1]
     assert int(last.name.split("_")[1]) >= 2
@@ -353,3 +355,20 @@ def test_a_role_failure_is_one_short_line_naming_role_exception_and_frame():
     )
     died = str(ActorGroup()._failure({}, "reward", ActorDiedError(error), []))
     assert len(died) < 400 and "\n" not in died
+
+
+def test_the_placement_line_of_a_ray_run_names_every_actor():
+    from posttrain.placement.ray import placement_line
+    from posttrain.placement.reference import REFERENCE
+
+    fsdp = ["placement.backend=ray", "placement.policy_ranks=2", "placement.policy_sharding=fsdp"]
+    assert placement_line(load_config("arithmetic_clipped", ["--", *fsdp])) == (
+        "placement: Ray, policy on 2 actor(s) on cpu (FSDP-sharded, float32 master, float32 "
+        "compute), reference in each policy actor (float32), rollout actor on cpu (float32, own "
+        "copy), reward actor on cpu; 1 torch thread(s) per actor"
+    )
+    lagged = load_config(
+        "arithmetic_clipped", ["--", "placement.backend=ray", "rl.off_policy_lag=1"]
+    )
+    line = placement_line(lagged, [REFERENCE])
+    assert "reference in each" not in line and ", reference actor on cpu;" in line

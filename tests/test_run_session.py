@@ -101,3 +101,21 @@ def test_resume_may_change_where_it_runs(tmp_path, tiny_dir, capsys):
     with pytest.warns(UserWarning, match="placement.device changed from auto to cpu: another"):
         assert main(grpo(tmp_path, tiny_dir, **moved)) == 0, capsys.readouterr().err
     assert steps_in(run_dir(tmp_path) / "metrics.jsonl") == [0, 1, 2, 3, 4]
+
+
+def test_a_run_logs_its_first_step_and_announces_the_evaluations_before_and_after(
+    tmp_path, tiny_dir, caplog
+):
+    """A user with 3-minute steps and logging.log_every=10 saw nothing for 7 minutes: the first
+    step is logged, and the evaluations before and after training say they are running."""
+    caplog.set_level(logging.INFO, logger="posttrain")
+    assert main(grpo(tmp_path, tiny_dir, **{"logging.log_every": 10})) == 0
+    lines = [m for m in caplog.messages if "evaluating" in m or " step " in m]
+    assert lines == [
+        "evaluating on 4 held-out problems (greedy) before training...",
+        lines[1],
+        "evaluating on 4 held-out problems (greedy) after training...",
+        lines[3],
+    ]
+    assert lines[1].startswith("arithmetic_tiny step 1/4 ")
+    assert lines[3].startswith("arithmetic_tiny step 4/4 ")

@@ -182,3 +182,34 @@ def test_a_kept_list_of_choices_keeps_the_space_before_it():
     assert one_line("no such thing; " + choices, keep=choices) == "no such thing; " + choices
     cut = one_line("x" * 900 + " " + choices, limit=60, keep=choices)
     assert cut.endswith(" " + choices) and "characters cut" in cut
+
+
+def test_warnings_are_named_by_who_raised_them():
+    """transformers' deprecation notices printed as `posttrain: warning:` and read as a problem
+    with the run; posttrain's own keep that prefix, a library's carry the library's name."""
+    import warnings
+
+    import transformers
+
+    import posttrain.run.guard as guard
+
+    library = str(Path(transformers.__file__).parent / "modeling_utils.py")
+
+    lines = []
+
+    def warn() -> int:  # the one-line form run_guarded installs (pytest records the warnings)
+        for args in [("checkpoint x: moved aside", UserWarning, guard.__file__, 10),
+                     ("`torch_dtype` is deprecated! Use `dtype` instead!", FutureWarning,
+                      library, 20),
+                     ("old API", FutureWarning, guard.__file__, 30)]:  # fmt: skip
+            lines.append(warnings.formatwarning(*args))
+        return 0
+
+    assert guard.run_guarded(warn) == 0
+    origin = Path(transformers.__file__).parent.name
+    assert lines == [
+        "posttrain: warning: checkpoint x: moved aside\n",
+        f"{origin}: FutureWarning: `torch_dtype` is deprecated! Use `dtype` instead!\n",
+        "a library called from guard.py:30: FutureWarning: old API\n",
+    ]
+    assert origin == "transformers"

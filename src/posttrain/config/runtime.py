@@ -120,7 +120,7 @@ class LoggingConfig(Section):
         10,
         ge=0,
         description="Steps between the plain progress lines printed instead of a progress bar "
-        "(the last step always gets one); 0 prints none.",
+        "(the first step a process runs and the last step always get one); 0 prints none.",
     )
     tensorboard: bool = Field(False, description="Also write TensorBoard event files.")
     wandb: bool = Field(False, description="Also log to Weights & Biases.")

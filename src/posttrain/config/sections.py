@@ -117,12 +117,13 @@ class ModelConfig(Section):
         description="torch.compile the micro-batch forward and log-prob (the first step of each "
         "new shape pays the compilation). Worth it on a GPU; on the CPU it rarely pays off.",
     )
-    init_preset: Literal["tiny", "small", "arith", "arith_tools"] | None = Field(
+    init_preset: Literal["tiny", "small", "arith", "arith_tools", "tiny_tools"] | None = Field(
         None,
         description="When set and `model.name_or_path` does not exist yet, the entry builds a "
         "randomly initialised Llama-family model of this preset (a Mistral for `arith_tools`: its "
         "layers attend to the last 10 tokens) with a char-level "
-        "tokenizer there (seeded by `job.seed`). Null: the directory must already exist.",
+        "tokenizer there (seeded by `job.seed`; `arith_tools` and `tiny_tools` add the tool-call "
+        "markers and a chat template for multi-turn runs). Null: the directory must already exist.",
     )
 
     _check_alpha = field_validator("lora_alpha")(_finite)

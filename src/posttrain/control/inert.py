@@ -84,10 +84,26 @@ def dynamic_sampling_batch_baseline(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@warning("rl.micro_batch_tokens", "rollout.max_tokens")
+def token_budget_below_one_row(cfg: PosttrainConfig) -> str | None:
+    """A row over rl.micro_batch_tokens runs alone, one forward per row (many times slower);
+    a budget below one full-length response (rollout.max_tokens plus a prompt token) puts every
+    such row alone. Where only the batch shows its rows, the run warns at its first step."""
+    budget, response = cfg.rl.micro_batch_tokens, cfg.rollout.max_tokens
+    if budget is None or budget > response:
+        return None
+    return (
+        f"rl.micro_batch_tokens={budget} is below one row: a row forwards its prompt plus up to "
+        f"rollout.max_tokens={response} response tokens, so each such row runs alone, one "
+        f"forward per row; set rl.micro_batch_tokens to at least the longest prompt + {response}"
+    )
+
+
 RULES = (
     sequence_level_on_policy_ratio,
     sequence_level_token_scale_epsilons,
     sequence_level_bf16_logprobs,
     sequence_level_length_weighting,
     dynamic_sampling_batch_baseline,
+    token_budget_below_one_row,
 )

@@ -156,6 +156,8 @@ class DPOBody:
         self.config, self.policy, self.pairs = config, policy, pairs
         self.classes, self.run_dir = classes, run_dir
         self.evaluates = True
+        n = config.dpo.eval_samples_per_class
+        self.evaluation = f"{n * classes} samples ({n} per class, fixed seeds)"
 
     def data_state(self) -> dict[str, Any]:
         return {"pairs": len(self.pairs)}

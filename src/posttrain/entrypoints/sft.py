@@ -133,6 +133,7 @@ class SFTBody:
         self.pad = 0
         self.val = collate(val.rows, self.pad) if val is not None else None
         self.evaluates = self.val is not None
+        self.evaluation = f"{len(val.rows) if val is not None else 0} held-out rows (loss)"
 
     def data_state(self) -> dict[str, Any]:
         return {"rows": len(self.train.rows)}

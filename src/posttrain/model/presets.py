@@ -5,6 +5,7 @@ builds the models.
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,12 @@ class TinyPreset:
 #: ``arith_tools``: the arithmetic alphabet plus the tools chat template's roles (``U:``, ``A:``).
 TOOLS_ARITHMETIC_CHARACTERS: tuple[str, ...] = (*ARITHMETIC_CHARACTERS, "U", "A", ":", "\n")
 
+#: ``tiny_tools``: the full alphabet plus the printable ASCII it lacks (backquote, tab), ids of the
+#: full alphabet unchanged.
+PRINTABLE_CHARACTERS: tuple[str, ...] = tuple(
+    dict.fromkeys((*CHARACTERS, *(c for c in string.printable if c not in "\r\x0b\x0c")))
+)
+
 PRESETS: dict[str, TinyPreset] = {
     "tiny": TinyPreset(48, 3, 4, 4, 160, 256),
     "small": TinyPreset(512, 8, 8, 8, 1376, 1024),
@@ -54,6 +61,7 @@ PRESETS: dict[str, TinyPreset] = {
         tools=True,
         sliding_window=10,
     ),
+    "tiny_tools": TinyPreset(48, 3, 4, 4, 160, 512, PRINTABLE_CHARACTERS, tools=True),
 }
 
 

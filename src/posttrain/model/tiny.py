@@ -9,6 +9,7 @@ tiny         48      3       4      4      160    -       101,856
 small        512     8       8      8      1376   -       25,356,288
 arith        32      2       4      4      128    -       34,336
 arith_tools  64      2       4      4      256    10      135,232
+tiny_tools   48      3       4      4      160    -       102,144
 ===========  ======  ======  =====  =====  =====  ======  ============
 
 ``arith`` is the arithmetic demo's model: the 22-token arithmetic alphabet (digits, operators,
@@ -21,6 +22,9 @@ Mistral: Llama layers with a sliding window): copying the calculator's result in
 9 tokens later, is then found by RL in a few hundred steps; with attention over the whole
 ~34-token trajectory it was not found in 900 (measured with the answer turn's context as a
 prompt: docs/guides/tools.md).
+``tiny_tools`` is ``tiny`` for one's own tools: every printable ASCII character (tab and newline
+included, so JSON and code arguments tokenize), the four tool-call markers as single tokens and the
+tools chat template (``tiny`` has neither, and multi-turn rollouts need both).
 
 (exact numbers: ``count_parameters`` on a built model; the tests pin them.)
 """

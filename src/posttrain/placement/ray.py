@@ -36,7 +36,9 @@ except ImportError as e:  # an optional extra
         f"placement.backend=ray needs Ray ({e}); install it with pip install 'posttrain[ray]'"
     ) from e
 
+from posttrain.config.build import needs_reference, reference_on_data
 from posttrain.config.user_code import BuilderError, check_builder
+from posttrain.placement.device import rollout_dtype
 from posttrain.placement.dispatch import shard_batch
 from posttrain.placement.ray_actors import ActorGroup, RemoteRole
 from posttrain.placement.ray_host import (
@@ -186,6 +188,7 @@ def place_ray(
     except BaseException:
         release(actors, owns_ray)
         raise
+    log.info("%s", placement_line(config, specs))
     return RayRoles(
         policy=RayPolicy(
             actors, ranks, config.rl.mini_batch_per_replica, pc.policy_sharding == "fsdp"
@@ -196,6 +199,22 @@ def place_ray(
         worker_configs=configs,
         owns_ray=owns_ray,
         declared=tuple(PlacedRole(s, RemoteRole(actors, s.name)) for s in specs),
+    )
+
+
+def placement_line(config: PosttrainConfig, specs: Sequence[RoleSpec] = ()) -> str:
+    """What a Ray run placed where, in one line, as ``place_local`` says it for a local run."""
+    pc, m = config.placement, config.model
+    device = "cuda" if pc.gpus_per_role > 0 else "cpu"
+    how = "FSDP-sharded" if pc.policy_sharding == "fsdp" else "replicated"
+    inside = needs_reference(config) and not reference_on_data(config)
+    ref = f", reference in each policy actor ({m.dtype})" if inside else ""
+    others = "".join(f", {s.name} actor on {s.device(device) or 'cpu'}" for s in specs)
+    return (
+        f"placement: Ray, policy on {pc.policy_ranks} actor(s) on {device} ({how}, float32 "
+        f"master, {m.dtype} compute){ref}, rollout actor on {device} "
+        f"({rollout_dtype(config.rollout.dtype, device)}, own copy), reward actor on cpu"
+        f"{others}; {pc.torch_threads_per_process} torch thread(s) per actor"
     )
 
 

@@ -15,6 +15,7 @@ import sys
 import traceback
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 from posttrain.config import ConfigError
 from posttrain.run.signals import RunInterrupted, signals_raise
@@ -119,9 +120,35 @@ def run_guarded(fn: Callable[[], int], debug: bool = False) -> int:
         return _report(e, f"posttrain: error: {describe(e)}", EXIT_RUN_ERROR, debug)
 
 
+#: Where this package's own files are: a warning raised there is posttrain's.
+_PACKAGE = Path(__file__).resolve().parents[1]
+#: Warnings that are never posttrain's own, wherever ``stacklevel`` points them.
+_LIBRARY_NOTICES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+
+
 def _warning_line(message, category, filename, lineno, line=None) -> str:
-    """Warnings as one line each (the source location is for ``--debug``)."""
-    return f"posttrain: warning: {one_line(str(message))}\n"
+    """Warnings as one line each (the source location is for ``--debug``), named by who raised
+    them: ``posttrain: warning:`` only for this package's own; a library's (``transformers``'
+    deprecation notices) under the library's name, so nobody takes them for a config problem."""
+    text = one_line(str(message))
+    origin = _origin(filename)
+    if origin == "posttrain" and not issubclass(category, _LIBRARY_NOTICES):
+        return f"posttrain: warning: {text}\n"
+    if origin == "posttrain":  # a library's notice pointed at its caller here (stacklevel)
+        origin = f"a library called from {Path(filename).name}:{lineno}"
+    return f"{origin}: {category.__name__}: {text}\n"
+
+
+def _origin(filename: str) -> str:
+    """``posttrain``, the installed package a file belongs to, or the file's name."""
+    path = Path(filename).resolve()
+    if path.is_relative_to(_PACKAGE):
+        return "posttrain"
+    parts = path.parts
+    for i, part in enumerate(parts[:-1]):
+        if part in ("site-packages", "dist-packages"):
+            return parts[i + 1].removesuffix(".py")
+    return path.name
 
 
 def _report(error: BaseException, message: str, code: int, debug: bool) -> int:

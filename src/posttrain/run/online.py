@@ -28,6 +28,7 @@ from posttrain.config.user_code import check_builder
 from posttrain.control.data_checks import load_tasks
 from posttrain.control.env_inputs import check_environment_inputs
 from posttrain.control.input_checks import check_inputs
+from posttrain.data.padding import row_lengths, trimmed_width
 from posttrain.data.tasks import TaskItem, TaskSource
 from posttrain.model.loading import load_tokenizer
 from posttrain.model.tiny import ensure_tiny_model
@@ -216,6 +217,7 @@ class OnlineBody:
         # rl.eval_every=0 turns held-out evaluation off entirely (also before and after training).
         self.val_items = tasks.val_items() if config.rl.eval_every else []
         self.evaluates = bool(self.val_items)
+        self.evaluation = f"{len(self.val_items)} held-out problems (greedy)"
         lag = config.rl.off_policy_lag
         self.pipeline = None
         if lag:
@@ -224,6 +226,7 @@ class OnlineBody:
             self.cursor = state.data_state["cursor"] if state else 0
         if state:
             roles.sync_weights()  # a rollout engine with its own weights starts from the checkpoint
+        self.budget_checked = False
 
     def _collect(self, cursor: int, step: int, version: int) -> Collected:
         return collected(self.config, self.roles, self.tokenizer, self.tasks, cursor, step,
@@ -241,6 +244,11 @@ class OnlineBody:
             batch, train_metrics = self.pipeline.step(step, self.roles.policy.train)
         else:
             batch, train_metrics = self._sequential_step(step)
+        if not self.budget_checked:
+            self.budget_checked = True
+            message = token_budget_below_rows(self.config, batch.batch)
+            if message:
+                log.warning("%s", message)
         if batch.samples:
             write_rows(self.run_dir / "samples" / "train" / f"step_{step:06d}.jsonl", batch.samples)
         record = {**batch.metrics, **train_metrics, **batch.times, **self.roles.last_sync}
@@ -267,6 +275,25 @@ class OnlineBody:
     def close(self) -> None:
         if self.pipeline:
             self.pipeline.close()
+
+
+def token_budget_below_rows(config: PosttrainConfig, batch) -> str | None:
+    """``rl.micro_batch_tokens`` below the first batch's longest rows: each runs alone, one
+    forward per row. Preflight warns already when the budget is below ``rollout.max_tokens``
+    (``control/inert.py``); this names the smallest budget that fits every row of the batch."""
+    budget = config.rl.micro_batch_tokens
+    if budget is None or budget <= config.rollout.max_tokens:
+        return None
+    widths = [trimmed_width([p], [r]) for p, r in zip(*row_lengths(batch), strict=True)]
+    over = sum(w > budget for w in widths)
+    if not over:
+        return None
+    return (
+        f"rl.micro_batch_tokens={budget} is below one row: {over} of the first batch's "
+        f"{len(widths)} rows are longer (up to {max(widths)} tokens, prompt + response) and "
+        f"each runs alone, one forward per row; set rl.micro_batch_tokens to at least "
+        f"{max(widths)} (the smallest budget that fits every row of that batch)"
+    )
 
 
 def report(summary: dict[str, Any]) -> None:

@@ -3,7 +3,8 @@
 A bar redraws itself with ``\\r`` frames: fine on a terminal, hundreds of kilobytes of noise in a
 log file or a scheduler's captured stderr. So the bar is drawn only when ``logging.progress`` is
 on *and* stderr is a terminal; otherwise one plain log line goes out every ``logging.log_every``
-steps (and at the last step), which reads the same in a file as on a screen.
+steps, at the first step this process runs (a slow step would otherwise leave minutes without a
+word) and at the last step, which reads the same in a file as on a screen.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class Progress:
         self, config: PosttrainConfig, start: int, shown: Mapping[str, str], stream=None
     ) -> None:
         self.total, self.every = config.rl.max_steps, config.logging.log_every
-        self.name, self.shown = config.job.name, dict(shown)
+        self.name, self.shown, self.first = config.job.name, dict(shown), start + 1
         stream = sys.stderr if stream is None else stream
         self.bar = None
         if config.logging.progress and _is_terminal(stream):
@@ -45,7 +46,7 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix(self.values(record), refresh=False)
             self.bar.update(1)
-        elif self.every and (step % self.every == 0 or step == self.total):
+        elif self.every and (step % self.every == 0 or step in (self.first, self.total)):
             parts = " ".join(f"{k} {v}" for k, v in self.values(record).items())
             log.info("%s step %d/%d %s", self.name, step, self.total, parts)
 

@@ -75,10 +75,12 @@ class Placed(Protocol):
 
 
 class LoopBody(Protocol):
-    """One entry's step. ``evaluates``: whether held-out evaluation runs at all; ``shown``:
+    """One entry's step. ``evaluates``: whether held-out evaluation runs at all; ``evaluation``:
+    what one runs on, for the line announcing it (``"20 held-out problems"``); ``shown``:
     progress label -> metric; ``data_state()``: what a checkpoint saved now records."""
 
     evaluates: bool
+    evaluation: str
     shown: Mapping[str, str]
 
     def step(self, step: int) -> dict[str, Any]: ...
@@ -168,7 +170,8 @@ class RunSession:
         summary = _summary(run_dir, start)
         saved = None
         try:
-            if evaluates and start == 0:
+            if evaluates and start == 0:  # announced: on a large model it takes minutes
+                log.info("evaluating on %s before training...", body.evaluation)
                 summary["initial"] = first = body.evaluate(0)
                 sink.write(0, first)
             elif evaluates:  # resumed: the evaluation before training is in the history
@@ -185,6 +188,8 @@ class RunSession:
                 for step in range(start + 1, rl.max_steps + 1):
                     record = body.step(step)
                     if evaluates and (step % rl.eval_every == 0 or step == rl.max_steps):
+                        if step == rl.max_steps:
+                            log.info("evaluating on %s after training...", body.evaluation)
                         summary["final"] = final = body.evaluate(step)
                         record.update(final)
                     sink.write(step, record)
