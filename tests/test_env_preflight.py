@@ -54,8 +54,8 @@ def test_a_tokenizer_without_a_chat_template_is_refused_by_config_show(tmp_path)
         "posttrain: error: env.name=calculator with the tokenizer of model.init_preset=tiny: "
         "the tokenizer has no chat template; multi-turn rollouts render every turn with one: "
         "set model.tokenizer_path to a tokenizer folder whose tokenizer_config.json has a "
-        "prefix-stable chat_template (a tiny model from scratch: model.init_preset=arith_tools, "
-        "with tool markers and a template)"
+        "prefix-stable chat_template (a tiny model from scratch: model.init_preset=tiny_tools, "
+        "printable ASCII with tool markers and a template)"
     )
 
 

@@ -141,7 +141,7 @@ def check_template(
             "the tokenizer has no chat template; multi-turn rollouts render every turn with "
             "one: set model.tokenizer_path to a tokenizer folder whose tokenizer_config.json has "
             "a prefix-stable chat_template (a tiny model from scratch: model.init_preset="
-            "arith_tools, with tool markers and a template)"
+            "tiny_tools, printable ASCII with tool markers and a template)"
         )
     history: list[Message] = [{"role": "user", "content": "What is 12 + 7?"}]
     prompt = render(tokenizer, history, tools, generation_prompt=True)
