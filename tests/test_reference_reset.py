@@ -146,3 +146,10 @@ def test_a_run_stopped_after_a_reset_resumes_bit_identically(tiny_dir, tmp_path,
     resumed = train(opts_for(tmp_path / "resumed", tiny_dir, 5, **extra))
     assert same(weights(straight, 5), weights(resumed, 5))
     assert rows(resumed)[-2:] == rows(straight)[-2:]
+
+
+def test_the_one_run_tools_demo_resets_once_halfway_with_a_fresh_optimizer():
+    cfg = load_config("tools_addition_reset")
+    rl = cfg.rl
+    assert (rl.max_steps, rl.reference_reset_every, rl.reset_optimizer) == (1200, 600, True)
+    assert rl.kl_beta > 0 and run_preflight(cfg) == []
