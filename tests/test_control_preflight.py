@@ -25,13 +25,14 @@ from posttrain.control import (  # noqa: E402
     lag,
     opd,
     reads,
+    reset,
     run_preflight,
     sft,
     temperature,
 )
 
 MODULES = (
-    reads, temperature, inactive, inert, consistency, lag, external, entries, opd, dpo, sft
+    reads, temperature, inactive, inert, consistency, lag, reset, external, entries, opd, dpo, sft
 )  # fmt: skip
 
 

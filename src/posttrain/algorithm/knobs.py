@@ -47,7 +47,7 @@ def advantage_reads(config) -> Reads:
 CLIPPED_KNOBS = frozenset({
     "rl.importance_sampling_level", "rl.epsilon_low", "rl.epsilon_high", "rl.lower_bound_ratio",
     "rl.temperature", "rl.loss_type", "rl.kl_beta", "rl.kl_estimator", "rl.entropy_coef",
-    "rl.rollout_is_cap",
+    "rl.rollout_is_cap", "rl.reference_reset_every", "rl.reset_optimizer",
 })  # fmt: skip
 
 #: Every knob a GRPO-family objective may read.
@@ -62,6 +62,8 @@ _LEGACY_UNREAD = {
     "rl.loss_type": "always the token mean",
     "rl.kl_beta": "no KL term",
     "rl.kl_estimator": "no KL term",
+    "rl.reference_reset_every": "no KL term, no reference to reset",
+    "rl.reset_optimizer": "no KL term, no reference to reset",
     "rl.entropy_coef": "no entropy term",
     "rl.rollout_is_cap": "no importance correction",
 }
@@ -96,6 +98,13 @@ def grpo_reads(config: Any) -> Reads:
     if rl.kl_beta == 0:
         keys.discard("rl.kl_estimator")
         unread["rl.kl_estimator"] = "no KL anchor with rl.kl_beta=0"
+        keys.discard("rl.reference_reset_every")
+        unread["rl.reference_reset_every"] = "no KL reference to reset with rl.kl_beta=0"
+    if rl.kl_beta == 0 or rl.reference_reset_every == 0:
+        keys.discard("rl.reset_optimizer")
+        unread["rl.reset_optimizer"] = (
+            "read only at a reference reset (rl.reference_reset_every > 0)"
+        )
     return Reads(frozenset(keys), by, unread) | advantage_reads(config)
 
 
@@ -110,6 +119,9 @@ _UNREAD = {
     **dict.fromkeys(GRPO_KNOBS - OPD_KNOBS, "the teacher is the signal, on the clipped surrogate"),
     **dict.fromkeys(ADVANTAGE_KNOBS, "the teacher is the signal, not the task reward"),
     "rl.importance_sampling_level": "its signal is per token; use rl.importance_sampling_level=token",
+    # OPD's anchor is the teacher, which a reset would never replace; it has no KL reference.
+    "rl.reference_reset_every": "OPD has no KL reference to reset, its anchor is the teacher",
+    "rl.reset_optimizer": "OPD has no KL reference to reset, its anchor is the teacher",
 }
 
 

@@ -109,8 +109,10 @@ def needs_reference(config: PosttrainConfig) -> bool:
 
 def reference_on_data(config: PosttrainConfig) -> bool:
     """Whether the run's frozen reference scores on the data side: it has one, and
-    ``placement.reference_on`` is ``data``, or ``auto`` under ``rl.off_policy_lag >= 1``."""
+    ``placement.reference_on`` is ``data``, or ``auto`` under ``rl.off_policy_lag >= 1`` without
+    ``rl.reference_reset_every`` (a reset copies the policy's weights: the policy side)."""
     where = config.placement.reference_on
     if where == "auto":
-        where = "data" if config.rl.off_policy_lag >= 1 else "policy"
+        lagged = config.rl.off_policy_lag >= 1 and not config.rl.reference_reset_every
+        where = "data" if lagged else "policy"
     return where == "data" and needs_reference(config)

@@ -111,6 +111,20 @@ class RLConfig(Section):
         "negative), `k2` = d^2/2 (biased, low variance), `k3` = exp(d) - 1 - d (unbiased, "
         ">= 0; GRPO's). Read only when `rl.kl_beta > 0`.",
     )
+    reference_reset_every: int = Field(
+        0,
+        ge=0,
+        description="Every N steps the KL reference becomes a frozen copy of the policy (after "
+        "the update of each step s with s % N == 0; ProRL's reference reset, TRL's "
+        "`sync_ref_model`); 0 keeps the initial model. Read only when `rl.kl_beta > 0`. The "
+        "reference then scores on the policy side, also under a lag (docs/guides/objectives.md).",
+    )
+    reset_optimizer: bool = Field(
+        False,
+        description="At each reference reset also clear the optimizer's state (AdamW moments and "
+        "step counts; the learning-rate schedule goes on). Read only when "
+        "`rl.reference_reset_every > 0`.",
+    )
     entropy_coef: float = Field(
         0.0,
         ge=0,

@@ -11,6 +11,7 @@ from posttrain.control import (
     inert,
     lag,
     reads,
+    reset,
     temperature,
 )
 from posttrain.control.rules import PreflightError, Rule
@@ -25,6 +26,7 @@ RULES: tuple[Rule, ...] = (
     *inert.RULES,
     *consistency.RULES,
     *lag.RULES,
+    *reset.RULES,
     *external.RULES,
     *entries.RULES,
     *(rule for e in ENTRIES if e.rules for rule in load(e.rules).RULES),

@@ -27,6 +27,7 @@ from posttrain.model.loading import load_policy
 from posttrain.model.lora import AdapterFreeReference, apply_lora
 from posttrain.model.protocol import model_capabilities, require_trainable
 from posttrain.placement.device import rollout_dtype
+from posttrain.placement.reference_reset import ReferenceReset, ResettableAdapterReference
 from posttrain.placement.weight_sync import (
     WeightSink,
     WeightSource,
@@ -72,7 +73,9 @@ class PolicyRole:
             self.model = apply_lora(
                 self.model, m.lora_rank, m.lora_alpha, m.lora_target_modules, cfg.job.seed
             )
-            if reads_kl:  # the frozen base itself, adapters off: no second copy
+            if reads_kl and cfg.rl.reference_reset_every:  # base + frozen adapters after a reset
+                reference = ResettableAdapterReference(self.model)
+            elif reads_kl:  # the frozen base itself, adapters off: no second copy
                 reference = AdapterFreeReference(self.model)
         elif reads_kl:
             reference, _ = load_policy(cfg.model.name_or_path, None, cfg.model.dtype, device)
@@ -102,6 +105,13 @@ class PolicyRole:
             device=device,
             sharding=cfg.placement.policy_sharding,
         )
+        self.reset: ReferenceReset | None = None
+        if reads_kl and rl.reference_reset_every:
+            self.reset = ReferenceReset(
+                self.model, reference, self.trainer.optimizer, rl.reference_reset_every,
+                rl.reset_optimizer,
+            )  # fmt: skip
+            self.trainer.extra_state["reference_reset"] = self.reset
         self.checkpoints = CheckpointManager(
             Path(run_dir) / "checkpoints", keep_last=cfg.checkpoint.keep_last
         )
@@ -116,7 +126,10 @@ class PolicyRole:
         rows = self.trainer.train_on_batch(
             batch, mini_batches=self.config.rl.mini_batch_per_replica
         )
-        return self.trainer.merge(rows)
+        metrics = self.trainer.merge(rows)
+        if self.reset is not None:
+            metrics.update(self.reset.after_update(metrics))
+        return metrics
 
     def keeps_groups(self) -> bool:
         """Whether the rank dispatch may bring a mini-batch's groups together (the trainer's

@@ -40,7 +40,7 @@ from posttrain.trainer.accumulate import (
     row_chunks,
     split_evenly,
 )
-from posttrain.trainer.errors import NonFiniteTrainingError
+from posttrain.trainer.errors import NonFiniteTrainingError, ResumeError
 from posttrain.trainer.optim import build_optimizer, build_scheduler
 
 PRECISIONS = ("float32", "bfloat16")
@@ -169,6 +169,8 @@ class Trainer:
         self.skipped_nonfinite_total = 0
         self.skipped_empty_total = 0
         self._warned_unequal_mean = False
+        #: Name -> component (``state_dict``/``load_state_dict``) whose state rides in trainer.pt.
+        self.extra_state: dict[str, Any] = {}
 
     # -- placement -------------------------------------------------------------------------
     def _place_auxiliary(self) -> None:
@@ -362,6 +364,8 @@ class Trainer:
         """Optimizer, scheduler and counters (model weights are saved separately, HF layout);
         ``optimizer=False`` leaves the optimizer out (a sharded checkpoint keeps it in DCP)."""
         out = {"optimizer": self.optimizer.state_dict()} if optimizer else {}
+        if self.extra_state:
+            out["extra"] = {k: v.state_dict() for k, v in self.extra_state.items()}
         return out | {
             "scheduler": self.scheduler.state_dict(),
             "global_step": self.global_step,
@@ -379,6 +383,14 @@ class Trainer:
         self.consecutive_nonfinite = int(state["consecutive_nonfinite"])
         self.skipped_nonfinite_total = int(state["skipped_nonfinite_total"])
         self.skipped_empty_total = int(state["skipped_empty_total"])
+        extra = state.get("extra", {})
+        for name, component in self.extra_state.items():
+            if name not in extra:
+                raise ResumeError(
+                    f"the checkpoint holds no {name} state (written by a run without it); "
+                    "resume with the config that wrote it, or start a new job.name"
+                )
+            component.load_state_dict(extra[name])
 
 
 def _module_device(model: nn.Module) -> torch.device:

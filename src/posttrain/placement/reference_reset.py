@@ -1,0 +1,142 @@
+"""``rl.reference_reset_every``: the KL reference periodically becomes a copy of the policy.
+
+ProRL's reference reset (TRL's ``sync_ref_model``): after the update of every step ``s`` with
+``s % N == 0`` the reference takes the policy's current weights and stays frozen until the next
+reset; ``rl.reset_optimizer`` also clears the optimizer's state then (the learning-rate schedule
+goes on), so the two effects can be told apart.
+
+The reference scores on the policy side (a data-side reference is refused in preflight), so a
+lag changes nothing here: the batch trained at step ``t > s`` is scored against the policy after
+step ``s``, whichever older weights sampled it.
+
+Full fine-tuning: the reference is the run's own frozen load (``model.dtype``); a reset copies
+the policy's float32 weights into it. LoRA: the reference is the policy's module scored with a
+frozen copy of the adapters (:class:`ResettableAdapterReference`; before the first reset the
+adapters are off, the frozen base, exactly as without resets).
+
+Exact resume: :meth:`ReferenceReset.state_dict` (the step, the reset count and, after a reset,
+the reference's weights — the adapters only under LoRA) rides in the trainer's ``trainer.pt``,
+which the checkpoint manifest covers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from posttrain.model.lora import is_lora
+
+#: The policy's KL metric (the GRPO objective's ``kl_ref``, public name).
+KL_METRIC = "train/pg/kl_ref"
+
+
+class ResettableAdapterReference(nn.Module):
+    """The LoRA policy scored with a frozen copy of its adapters (eval mode, no grad); before
+    the first :meth:`freeze` the adapters are off: the frozen base.
+
+    It holds the policy module itself; the frozen adapters go in through ``functional_call``, so
+    the policy's parameters are never written (its autograd graph stays valid)."""
+
+    def __init__(self, policy: nn.Module) -> None:
+        super().__init__()
+        if not is_lora(policy):
+            raise ValueError("ResettableAdapterReference needs a peft (LoRA) model")
+        self.policy = policy
+        self.frozen: dict[str, Tensor] | None = None
+
+    @torch.no_grad()
+    def freeze(self) -> None:
+        """Take the policy's current adapters (its trainable parameters) as the reference's."""
+        self.frozen = {
+            n: p.detach().clone() for n, p in self.policy.named_parameters() if p.requires_grad
+        }
+
+    def forward(self, **inputs):
+        was_training = self.policy.training
+        self.policy.eval()
+        try:
+            if self.frozen is None:
+                with self.policy.disable_adapter():
+                    return self.policy(**inputs)
+            return functional_call(self.policy, self.frozen, args=(), kwargs=inputs)
+        finally:
+            self.policy.train(was_training)
+
+
+class ReferenceReset:
+    """Counts the policy's steps and resets ``reference`` every ``every`` of them."""
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        reference: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        every: int,
+        reset_optimizer: bool,
+    ) -> None:
+        if every < 1:
+            raise ValueError(f"reference resets need every >= 1, got {every}")
+        self.policy, self.reference, self.optimizer = policy, reference, optimizer
+        self.every, self.reset_optimizer = every, reset_optimizer
+        self.step = 0
+        self.resets = 0
+        self._after_reset = False  # the next step's KL is the first against the new reference
+
+    def after_update(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Call once per RL step, after its update; returns the step's reset metrics."""
+        self.step += 1
+        out: dict[str, float] = {}
+        kl = metrics.get(KL_METRIC)
+        if self._after_reset and kl is not None:
+            out["train/reference/kl_after_reset"] = kl
+        self._after_reset = False
+        if self.step % self.every == 0:
+            self._reset()
+            if kl is not None:
+                out["train/reference/kl_before_reset"] = kl
+            self._after_reset = True
+        out["train/reference/resets"] = float(self.resets)
+        return out
+
+    @torch.no_grad()
+    def _reset(self) -> None:
+        if isinstance(self.reference, ResettableAdapterReference):
+            self.reference.freeze()
+        else:
+            source = self.policy.state_dict()
+            for name, tensor in self.reference.state_dict().items():
+                tensor.copy_(source[name])
+        if self.reset_optimizer:
+            self.optimizer.state.clear()
+        self.resets += 1
+
+    # -- state (in trainer.pt) ---------------------------------------------------------------
+    def _weights(self) -> dict[str, Tensor]:
+        if isinstance(self.reference, ResettableAdapterReference):
+            return dict(self.reference.frozen or {})
+        return dict(self.reference.state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        weights = self._weights() if self.resets else {}
+        return {
+            "step": self.step,
+            "resets": self.resets,
+            "after_reset": self._after_reset,
+            "weights": weights,
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.resets = int(state["resets"])
+        self._after_reset = bool(state["after_reset"])
+        weights = state["weights"]
+        if not self.resets:
+            return
+        if isinstance(self.reference, ResettableAdapterReference):
+            self.reference.frozen = {n: t.clone() for n, t in weights.items()}
+        else:
+            self.reference.load_state_dict(weights)
