@@ -263,3 +263,13 @@ def test_an_engine_that_declares_other_capabilities_than_its_entry_is_refused(mo
     )
     with pytest.raises(TypeError, match="declares other capabilities than rollout.engine=static"):
         registry.engine_class("static")
+
+
+def test_rollout_engine_offers_exactly_the_registered_engines():
+    from typing import get_args
+
+    from posttrain.config.sections import RolloutConfig
+
+    assert sorted(get_args(RolloutConfig.model_fields["engine"].annotation)) == sorted(
+        registry.ENGINES
+    )
