@@ -69,17 +69,17 @@ def timed(fn, device: torch.device, repeats: int) -> float:
 
 
 def bench_rollout(s: dict, dtype: torch.dtype, device: torch.device, repeats: int) -> dict:
-    from posttrain.rollout import GraphRolloutEngine, TorchRolloutEngine
+    from posttrain.rollout.registry import build_engine
 
     model = build_model(s, dtype, device)
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(3, s["vocab"], (s["prompts"], s["prompt_len"]), generator=g)
-    engine = TorchRolloutEngine(model, stop_token_ids=[], pad_token_id=0)
+    engine = build_engine("torch", model, stop_token_ids=[], pad_token_id=0)
     ours = timed(
         lambda: engine.generate(prompts.tolist(), n=s["n"], max_tokens=s["new"], seed=0),
         device, repeats,
     )  # fmt: skip
-    static = GraphRolloutEngine(model, stop_token_ids=[], pad_token_id=0)
+    static = build_engine("static", model, stop_token_ids=[], pad_token_id=0)
     graphed = timed(
         lambda: static.generate(prompts.tolist(), n=s["n"], max_tokens=s["new"], seed=0),
         device, repeats,

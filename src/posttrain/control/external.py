@@ -11,6 +11,7 @@ from pathlib import Path
 
 from posttrain.config.schema import PosttrainConfig
 from posttrain.control.rules import error
+from posttrain.rollout.registry import engine_capabilities, engines_with
 
 
 @error("reward.functions")
@@ -82,9 +83,9 @@ def chat_template_available(cfg: PosttrainConfig) -> str | None:
 @error("env.name", "env.tools", "rollout.engine", "reward.overlong_buffer")
 def environment_loads(cfg: PosttrainConfig) -> str | None:
     """env.name imports (working directory first) and builds an environment with reset and step;
-    env.tools is given exactly when env.name=tools; multi-turn sampling needs the torch engine
-    (it continues each trajectory from its KV cache); the overlong ramp has no trajectory bound
-    to ramp to."""
+    env.tools is given exactly when env.name=tools; multi-turn sampling needs an engine that
+    declares multi-turn (it continues each trajectory from its KV cache); the overlong ramp has
+    no trajectory bound to ramp to."""
     env = cfg.env
     if env.name and cfg.reward.overlong_buffer:
         return (
@@ -92,10 +93,11 @@ def environment_loads(cfg: PosttrainConfig) -> str | None:
             "before rollout.max_tokens, which bounds one turn of an env.name run, not the "
             "trajectory; set reward.overlong_buffer=0 (env.max_context bounds the trajectory)"
         )
-    if env.name and cfg.rollout.engine != "torch":
+    if env.name and not engine_capabilities(cfg.rollout.engine).multi_turn:
+        able = "|".join(engines_with(multi_turn=True))
         return (
-            f"env.name={env.name} needs rollout.engine=torch (multi-turn continuation is built "
-            f"there), got rollout.engine={cfg.rollout.engine}"
+            f"env.name={env.name} needs rollout.engine={able} (an engine that declares multi-turn "
+            f"continuation), got rollout.engine={cfg.rollout.engine}"
         )
     if not env.name:
         return (

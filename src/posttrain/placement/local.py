@@ -40,7 +40,7 @@ class LocalRoles:
         """After an update: an engine sharing the policy module copies nothing; an own
         low-precision copy is refreshed from the float32 master weights, bucket by bucket (with
         LoRA: the adapters only), as a Ray rollout is."""
-        if self.rollout.engine.model is self.policy.model:
+        if self.rollout.shares(self.policy.model):
             self.last_sync = {"sync/bytes": 0, "sync/tensors": 0, "sync/buckets": 0}
             return self.rollout.sync(self.policy.model)
         count = self.policy.sync_buckets()

@@ -36,8 +36,9 @@ from posttrain.placement.weight_sync import (
 )
 from posttrain.reward import RewardStage
 from posttrain.reward.stage import RewardResult, RowScores
-from posttrain.rollout import GraphRolloutEngine, Rollout, TorchRolloutEngine
+from posttrain.rollout.base import Rollout
 from posttrain.rollout.multiturn import env_metrics
+from posttrain.rollout.registry import build_engine
 from posttrain.trainer import CheckpointManager, LLMTrainer, ResumeState
 from posttrain.trainer import distributed as dp
 
@@ -190,8 +191,7 @@ class RolloutRole:
         else:
             tokenizer = _load_tokenizer(cfg)
         self.tokenizer = tokenizer
-        engine_cls = GraphRolloutEngine if cfg.rollout.engine == "static" else TorchRolloutEngine
-        self.engine = engine_cls(model, tokenizer)
+        self.engine = build_engine(cfg.rollout.engine, model, tokenizer)
         self.sink: WeightSink | None = None
         if own:
             m = cfg.model
@@ -223,15 +223,32 @@ class RolloutRole:
         self, requests: Sequence[TurnRequest], *, temperature: float, top_p: float, seed: int
     ) -> list[tuple[list[int], list[float]]]:
         """One turn of a multi-turn rollout (``rollout.multiturn``); ``[]`` frees its caches."""
+        if not requests:
+            self.engine.end_turns()
+            return []
         return self.engine.generate_turns(requests, temperature=temperature, top_p=top_p,
                                           seed=seed)  # fmt: skip
+
+    def end_turns(self) -> None:
+        """The multi-turn rollout is over: the engine frees its turn caches."""
+        self.engine.end_turns()
+
+    def shares(self, module: nn.Module) -> bool:
+        """Whether the engine samples with ``module`` itself (in-process: a sync copies nothing)."""
+        return self.engine.shares(module)
 
     def sync(self, weights: nn.Module | Mapping[str, Any], final: bool = True) -> int:
         """Take the policy module itself (in-process sharing), or one bucket of a sync
         (``final`` for the last); returns the engine's weight version."""
         if isinstance(weights, nn.Module):
-            self.engine.sync_weights(weights)
-        elif self.sink is None:
+            if not self.engine.shares(weights):
+                raise ValueError(
+                    "a rollout with its own weights takes them bucket by bucket, not as a module"
+                )
+            receiver = self.engine.weight_receiver()
+            receiver.begin()  # the engine samples with the module: nothing to copy
+            return receiver.end()
+        if self.sink is None:
             raise ValueError("a rollout that shares the policy module receives no weights")
         else:
             self.sink.receive(weights, final)

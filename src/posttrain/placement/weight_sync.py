@@ -4,7 +4,7 @@ The policy side (:class:`WeightSource`) plans its weights once into buckets of a
 ``placement.sync_bucket_mb`` (a tensor larger than a bucket travels alone) and produces one
 bucket per call, so a policy rank never holds more than one bucket beyond its own weights or
 shards; a sharded policy gathers a bucket's tensors collectively (every rank calls). The rollout
-side (:class:`WeightSink`) copies each bucket into the engine's parameters in place and checks,
+side (:class:`WeightSink`) feeds each bucket to the engine's weight receiver (in place) and checks,
 after the last one, that the sync covered every weight.
 
 What travels:
@@ -27,13 +27,16 @@ import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from posttrain.model.lora import ADAPTER, is_lora
 from posttrain.trainer import sharding as sh
+
+if TYPE_CHECKING:
+    from posttrain.rollout.base import RolloutEngine
 
 _PEFT_PREFIX = "base_model.model."
 _ADAPTER_KEY = re.compile(rf"^(.*)\.lora_([AB])\.{ADAPTER}\.weight$")
@@ -215,33 +218,35 @@ def adapted_modules(model: nn.Module, targets: Sequence[str]) -> list[str]:
 
 
 class WeightSink:
-    """The rollout's side: applies buckets to ``engine``'s own model in place.
+    """The rollout's side: feeds buckets to ``engine``'s weight receiver
+    (``rollout.base.WeightReceiver``: ``begin``, ``load`` per bucket, ``end``).
 
     ``base``: for a LoRA policy, the float32 weight of every adapted module as loaded (module
     name -> tensor on the engine's device), and ``scale`` peft's adapter scale; the sink then
-    sets ``base + (B @ A) * scale`` for each module whose adapters arrive.
+    sends ``base + (B @ A) * scale`` for each module whose adapters arrive, so an engine takes
+    full weights whichever kind of sync feeds it.
     """
 
-    def __init__(self, engine, base: Mapping[str, Tensor] | None = None, scale: float = 1.0):
-        self.engine = engine
+    def __init__(
+        self, engine: RolloutEngine, base: Mapping[str, Tensor] | None = None, scale: float = 1.0
+    ):
+        self.receiver = receiver = engine.weight_receiver()
         self.base = dict(base or {})
         self.scale = scale
-        state = engine.model.state_dict()
-        first: dict[tuple, str] = {}
         #: Each weight's canonical key: the first key of the storage it shares (tied weights).
-        self.canonical = {
-            k: first.setdefault((v.data_ptr(), v.dtype, v.shape), k)
-            for k, v in state.items()
-            if v.numel()
-        }
+        self.canonical = dict(receiver.names())
         self._received: set[str] = set()
         self._adapters = False  # whether this sync sends adapters (else full weights)
+        self._open = False  # whether a sync is under way (the receiver has begun)
 
     def receive(self, bucket: Mapping[str, Any], final: bool) -> None:
         """Apply one bucket (tensors, or their :func:`to_wire` form); after the ``final`` one,
         every weight (or, for adapters, every adapted module) must have arrived in this sync.
-        A merged adapter weight is copied in as soon as it is computed, so the rollout holds
+        A merged adapter weight is loaded as soon as it is computed, so the rollout holds
         one such weight at a time beyond its own."""
+        if not self._open:
+            self.receiver.begin()
+            self._open = True
         bucket = {name: from_wire(v) for name, v in bucket.items()}
         plain: dict[str, Tensor] = {}
         for name, t in bucket.items():
@@ -250,15 +255,18 @@ class WeightSink:
             if name.endswith(LORA_A):
                 module = name.removesuffix(LORA_A)
                 merged = self._merged(module, t, bucket[module + LORA_B])
-                self.engine.sync_weights({f"{module}.weight": merged}, final=False)
+                self.receiver.load({f"{module}.weight": merged})
                 self._received.add(module)
                 self._adapters = True
             else:
                 plain[name] = t
                 self._received.add(self.canonical.get(name, name))
         if final:
+            self._open = False
             self._check_complete()
-        self.engine.sync_weights(plain, final=final)
+        self.receiver.load(plain)
+        if final:
+            self.receiver.end()
 
     @torch.no_grad()
     def _merged(self, module: str, a: Tensor, b: Tensor) -> Tensor:

@@ -20,10 +20,10 @@ passes the model explicit masks built from the tokens' positions (:func:`window_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from transformers import DynamicCache
 
 from posttrain.data.prefix import position_ids_from_mask
@@ -72,30 +72,43 @@ def window_masks(mask: Tensor, queries: int, windows: dict[str, int | None], dty
 class TurnSession:
     """The cache and random stream of one multi-turn rollout, for an engine's ``forward``.
 
-    ``forward(ids, mask, positions, cache)`` returns the last column's logits ``[B, V]``.
+    ``forward(ids, mask, positions, cache)`` returns the last column's logits ``[B, V]``;
+    ``model`` is the module it runs (its config and dtype shape the cache and masks).
     """
 
-    def __init__(self, engine, temperature: float, top_p: float, seed: int) -> None:
+    def __init__(
+        self,
+        forward: Callable[[Tensor, Tensor, Tensor, DynamicCache], Tensor],
+        model: nn.Module,
+        pad_token_id: int,
+        stop_token_ids: Sequence[int],
+        temperature: float,
+        top_p: float,
+        seed: int,
+    ) -> None:
         check_sampling_args(temperature, top_p)
-        self.engine, self.temperature, self.top_p = engine, temperature, top_p
-        self.generator = torch.Generator(device=engine.device).manual_seed(seed)
+        self.forward, self.temperature, self.top_p = forward, temperature, top_p
+        self.config = model.config
+        self.device = next(model.parameters()).device
+        self.pad_token_id, self.stop_token_ids = pad_token_id, tuple(stop_token_ids)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.cache: DynamicCache | None = None
         self.keys: list[int] = []  # key of each cache row
         self.mask: Tensor | None = None  # [rows, columns] attention mask of the cache
         self.next_pos: Tensor | None = None  # [rows] position of each row's next token
         self.pending: dict[int, int] = {}  # key -> its last sampled token, not yet in the cache
-        self.windows = attention_windows(engine.model.config)
-        self.dtype = next(engine.model.parameters()).dtype
+        self.windows = attention_windows(model.config)
+        self.dtype = next(model.parameters()).dtype
 
     def _forward(self, ids: Tensor, positions: Tensor) -> Tensor:
         """The engine's forward of ``ids`` (the cache's last columns) under ``self.mask``."""
         mask = self.mask
         if self.windows is not None:
             mask = window_masks(mask, ids.shape[1], self.windows, self.dtype)
-        return self.engine._forward(ids, mask, positions, self.cache)
+        return self.forward(ids, mask, positions, self.cache)
 
     def _blocks(self, requests: Sequence[TurnRequest]) -> tuple[Tensor, Tensor]:
-        dev, pad = self.engine.device, self.engine.pad_token_id
+        dev, pad = self.device, self.pad_token_id
         blocks = []
         for r in requests:
             head = [self.pending[r.key]] if r.key in self.pending else []
@@ -122,7 +135,7 @@ class TurnSession:
         missing = [r.key for r in requests if r.key not in row]
         if missing:
             raise ValueError(f"turn requests continue trajectories {missing} this session lacks")
-        idx = torch.as_tensor([row[r.key] for r in requests], device=self.engine.device)
+        idx = torch.as_tensor([row[r.key] for r in requests], device=self.device)
         if len(idx) != len(self.keys) or not bool(
             (idx == torch.arange(len(idx), device=idx.device)).all()
         ):
@@ -137,13 +150,12 @@ class TurnSession:
             self.cache = self.mask = self.next_pos = None
             self.keys, self.pending = [], {}
             return []
-        eng = self.engine
         self._select(requests)
         ids, block = self._blocks(requests)
         if self.cache is None:  # first turns: each distinct prompt is prefilled once
             # a model's own cache drops columns past a sliding window; this one keeps them all
             self.cache = (
-                DynamicCache(config=eng.model.config) if self.windows is None else DynamicCache()
+                DynamicCache(config=self.config) if self.windows is None else DynamicCache()
             )
             self.keys = [r.key for r in requests]
             index: dict[tuple[int, ...], int] = {}
@@ -162,7 +174,7 @@ class TurnSession:
             self.next_pos = self.next_pos + block.sum(-1)
             logits = self._forward(ids, pos)
         budgets = torch.as_tensor([r.max_new_tokens for r in requests], device=ids.device)
-        stop_ids = torch.as_tensor(eng.stop_token_ids, dtype=torch.long, device=ids.device)
+        stop_ids = torch.as_tensor(self.stop_token_ids, dtype=torch.long, device=ids.device)
         rows = len(requests)
         done = torch.zeros(rows, dtype=torch.bool, device=ids.device)
         toks, lps = [], []
@@ -175,7 +187,7 @@ class TurnSession:
                 break
             col = (~done).long()
             self.mask = torch.cat([self.mask, col[:, None]], dim=1)
-            fed = torch.where(done, eng.pad_token_id, tok)
+            fed = torch.where(done, self.pad_token_id, tok)
             logits = self._forward(fed[:, None], self.next_pos[:, None])
             self.next_pos = self.next_pos + col
         tok_rows = torch.stack(toks, 1).tolist()

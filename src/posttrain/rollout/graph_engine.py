@@ -21,10 +21,12 @@ import torch
 from torch import Tensor, nn
 
 from posttrain.data.logprobs import position_ids_from_mask
+from posttrain.rollout.base import left_pad
+from posttrain.rollout.capabilities import STATIC
 from posttrain.rollout.kv_cache import rollout_cache
 from posttrain.rollout.sampling import sample_tokens
 from posttrain.rollout.static_decode import StaticDecoder, unsupported_reason
-from posttrain.rollout.torch_engine import TorchRolloutEngine, _left_pad, distinct_prompts
+from posttrain.rollout.torch_engine import TorchRolloutEngine, distinct_prompts
 
 
 class GraphRolloutEngine(TorchRolloutEngine):
@@ -32,7 +34,10 @@ class GraphRolloutEngine(TorchRolloutEngine):
 
     ``context_bucket``: attention spans the filled slots rounded up to a multiple of this, so
     one graph serves a range of context lengths. ``cuda_graphs=None`` uses graphs on CUDA only.
+    Multi-turn continuation is not built on the static buffers: it declares no ``multi_turn``.
     """
+
+    capabilities = STATIC
 
     def __init__(
         self,
@@ -55,6 +60,14 @@ class GraphRolloutEngine(TorchRolloutEngine):
         self.cuda_graphs = cuda_graphs
         self._decoders: dict[tuple[int, int], StaticDecoder] = {}
         self._graphs: dict[tuple[int, int, int], tuple] = {}
+
+    def generate_turns(self, requests, *, temperature: float, top_p: float, seed: int):
+        if requests:
+            raise ValueError(
+                "rollout.engine=static has no multi-turn continuation; use rollout.engine=torch"
+            )
+        self.end_turns()
+        return []
 
     def _decoder(self, rows: int, capacity: int) -> StaticDecoder:
         key = (rows, capacity)
@@ -101,7 +114,7 @@ class GraphRolloutEngine(TorchRolloutEngine):
         rows = k * n
         unique, rows_of = distinct_prompts(prompts, n)
         rows_of = rows_of.to(dev)
-        ids, mask = (t.to(dev) for t in _left_pad(unique, self.pad_token_id))
+        ids, mask = (t.to(dev) for t in left_pad(unique, self.pad_token_id))
         cache = rollout_cache(self.model.config, p)
         logits = self._forward(ids, mask, position_ids_from_mask(mask), cache)
         # Buffers (and their graphs) are kept per (rows, capacity); rounding the capacity up to a

@@ -62,7 +62,7 @@ def multiturn_rollout(
                 logprobs.setdefault(r.key, []).extend(lps)
             requests = roles.reward.advance_episodes([ids for ids, _ in outs])
     finally:
-        roles.rollout.generate_turns([], **sample)  # frees the engine's caches
+        roles.rollout.end_turns()  # frees the engine's caches
     episodes = roles.reward.close_episodes()
     gid = torch.arange(len(items), dtype=torch.int64) + group_id_offset
     return episodes_rollout(episodes, logprobs, tokenizer, n, gid, sample_id_offset)

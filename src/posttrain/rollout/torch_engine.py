@@ -16,9 +16,14 @@ import torch
 from torch import Tensor, nn
 
 from posttrain.data.logprobs import position_ids_from_mask
-from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.env.episode import TurnRequest
-from posttrain.rollout.base import Rollout
+from posttrain.rollout.base import (
+    Rollout,
+    assemble_rollout,
+    check_generate_args,
+    left_pad,
+)
+from posttrain.rollout.capabilities import TORCH
 from posttrain.rollout.continuation import TurnSession
 from posttrain.rollout.kv_cache import rollout_cache
 from posttrain.rollout.sampling import check_sampling_args, sample_tokens
@@ -41,15 +46,42 @@ def distinct_prompts(prompts: list[list[int]], n: int) -> tuple[list[list[int]],
     return unique, torch.as_tensor(which, dtype=torch.long).repeat_interleave(n)
 
 
-def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """``(ids, attention_mask)`` of shape ``[len(prompts), longest]``, padding on the left."""
-    p = max(len(x) for x in prompts)
-    ids = torch.full((len(prompts), p), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), p), dtype=torch.long)
-    for i, x in enumerate(prompts):
-        ids[i, p - len(x) :] = torch.as_tensor(x)
-        mask[i, p - len(x) :] = 1
-    return ids, mask
+class ModuleWeights:
+    """The weight receiver of an engine that samples with an ``nn.Module`` in this process:
+    ``load`` copies each tensor into the parameter of that name in place (same storage, so
+    captured CUDA graphs stay valid), with the ``copy_`` a ``load_state_dict`` runs."""
+
+    def __init__(self, engine: TorchRolloutEngine) -> None:
+        self._engine = engine
+
+    def names(self) -> dict[str, str]:
+        first: dict[tuple, str] = {}
+        return {
+            k: first.setdefault((v.data_ptr(), v.dtype, v.shape), k)
+            for k, v in self._engine.model.state_dict().items()
+            if v.numel()
+        }
+
+    def begin(self) -> None:
+        """Nothing to prepare: the copies go straight into the sampling weights."""
+
+    def load(self, weights: Mapping[str, Tensor]) -> None:
+        targets = self._engine.model.state_dict()
+        for name, value in weights.items():
+            target = targets.get(name)
+            if target is None or target.shape != value.shape:
+                have = "no such weight" if target is None else f"shape {tuple(target.shape)}"
+                raise ValueError(
+                    f"sync_weights: {name!r} {tuple(value.shape)} does not fit the engine's "
+                    f"model ({have}); send the policy's weights under the model's own names"
+                )
+        with torch.no_grad():
+            for name, value in weights.items():
+                targets[name].copy_(value)
+
+    def end(self) -> int:
+        self._engine.weight_version += 1
+        return self._engine.weight_version
 
 
 class TorchRolloutEngine:
@@ -64,6 +96,8 @@ class TorchRolloutEngine:
     the prompts, the weights and ``max_rows`` (which fixes the chunking), not only on its own
     prompt.
     """
+
+    capabilities = TORCH
 
     def __init__(
         self,
@@ -104,19 +138,25 @@ class TorchRolloutEngine:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._turns: TurnSession | None = None  # the multi-turn rollout in progress
+        self._receiver = ModuleWeights(self)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def shares(self, module: nn.Module) -> bool:
+        return module is self.model
+
+    def weight_receiver(self) -> ModuleWeights:
+        return self._receiver
+
     def sync_weights(self, source: nn.Module | Mapping[str, Tensor], *, final: bool = True) -> None:
-        """Take the policy's weights after an update: a module, or tensors by name.
+        """Take the policy's weights after an update: a module, or tensors by name (a
+        convenience over :meth:`weight_receiver`).
 
         The engine's module is the policy module: nothing to copy. Another module is loaded
         with a strict ``load_state_dict``. A mapping may hold part of the weights (one bucket of
-        a sync, or only the layers that changed): each tensor is copied into the parameter of
-        that name in place (same storage, so captured CUDA graphs stay valid), with the same
-        ``copy_`` a ``load_state_dict`` runs; names and shapes must match. ``final=False`` marks
+        a sync, or only the layers that changed), loaded by the receiver; ``final=False`` marks
         a bucket that more buckets of the same sync follow: the weight version moves on once,
         with the last.
         """
@@ -124,20 +164,9 @@ class TorchRolloutEngine:
             if source is not self.model:
                 self.model.load_state_dict(source.state_dict(), strict=True)
         else:
-            targets = self.model.state_dict()
-            for name, value in source.items():
-                target = targets.get(name)
-                if target is None or target.shape != value.shape:
-                    have = "no such weight" if target is None else f"shape {tuple(target.shape)}"
-                    raise ValueError(
-                        f"sync_weights: {name!r} {tuple(value.shape)} does not fit the engine's "
-                        f"model ({have}); send the policy's weights under the model's own names"
-                    )
-            with torch.no_grad():
-                for name, value in source.items():
-                    targets[name].copy_(value)
+            self._receiver.load(source)
         if final:
-            self.weight_version += 1
+            self._receiver.end()
 
     def generate(
         self,
@@ -178,24 +207,29 @@ class TorchRolloutEngine:
             self.model.train(was_training)
         lengths = torch.cat(lens)
         r = int(lengths.max())
-        tokens = torch.cat([t[:, :r] for t in toks])
-        logprobs = torch.cat([lp[:, :r] for lp in lps])
-        if group_ids is None:
-            gid = torch.arange(len(prompts), dtype=torch.int64) + group_id_offset
-        else:
-            gid = torch.as_tensor([int(g) for g in group_ids], dtype=torch.int64)
-        stop = torch.cat(stopped)
-        return self._assemble(prompts, n, tokens, logprobs, lengths, stop, gid, sample_id_offset)
+        return assemble_rollout(
+            prompts, n, torch.cat([t[:, :r] for t in toks]), torch.cat([lp[:, :r] for lp in lps]),
+            lengths, torch.cat(stopped), pad_token_id=self.pad_token_id, tokenizer=self.tokenizer,
+            group_ids=group_ids, group_id_offset=group_id_offset,
+            sample_id_offset=sample_id_offset,
+        )  # fmt: skip
 
     def generate_turns(
         self, requests: Sequence[TurnRequest], *, temperature: float, top_p: float, seed: int
     ) -> list[tuple[list[int], list[float]]]:
         """One turn of a multi-turn rollout per request (``rollout.continuation``): each
         trajectory continues from its KV cache, prefilling only its new ids. Requests that are
-        all first turns open a new session seeded with ``seed``; an empty list frees it."""
-        first = bool(requests) and all(len(r.context) == len(r.new_ids) for r in requests)
+        all first turns open a new session seeded with ``seed``; an empty list frees it
+        (:meth:`end_turns`)."""
+        if not requests:
+            self.end_turns()
+            return []
+        first = all(len(r.context) == len(r.new_ids) for r in requests)
         if first or self._turns is None:
-            self._turns = TurnSession(self, temperature, top_p, seed)
+            self._turns = TurnSession(
+                self._forward, self.model, self.pad_token_id, self.stop_token_ids,
+                temperature, top_p, seed,
+            )  # fmt: skip
         was_training = self.model.training
         self.model.eval()
         try:
@@ -203,31 +237,16 @@ class TorchRolloutEngine:
                 out = self._turns.turn(requests)
         finally:
             self.model.train(was_training)
-        if not requests:
-            self._turns = None
         return out
+
+    def end_turns(self) -> None:
+        """Free the turn session's cache (the multi-turn rollout is over)."""
+        self._turns = None
 
     def _check(self, prompts, n, temperature, top_p, max_tokens, group_ids, group_id_offset):
         check_sampling_args(temperature, top_p)
-        for name, v in (("n", n), ("max_tokens", max_tokens)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"rollout.{name} must be a positive integer, got {v!r}")
-        if len(prompts) == 0:
-            raise ValueError("generate: no prompts given")
         vocab = int(self.model.config.vocab_size)
-        out = []
-        for i, p in enumerate(prompts):
-            ids = [int(t) for t in p]
-            if not ids:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
-            if min(ids) < 0 or max(ids) >= vocab:
-                raise ValueError(f"prompt {i} has token ids outside [0, {vocab}); wrong tokenizer?")
-            out.append(ids)
-        if group_ids is not None and len(group_ids) != len(prompts):
-            raise ValueError(f"group_ids has {len(group_ids)} entries for {len(prompts)} prompts")
-        if group_ids is not None and group_id_offset:
-            raise ValueError("pass either group_ids or group_id_offset, not both")
-        return out
+        return check_generate_args(prompts, n, max_tokens, vocab, group_ids, group_id_offset)
 
     def _forward(self, ids: Tensor, mask: Tensor, pos: Tensor, cache) -> Tensor:
         out = self.model(
@@ -244,7 +263,7 @@ class TorchRolloutEngine:
         dev = self.device
         k, p = len(prompts), max(len(x) for x in prompts)
         unique, rows_of = distinct_prompts(prompts, n)
-        ids, mask = (t.to(dev) for t in _left_pad(unique, self.pad_token_id))
+        ids, mask = (t.to(dev) for t in left_pad(unique, self.pad_token_id))
         cache = rollout_cache(self.model.config, p + max_tokens)
         logits = self._forward(ids, mask, position_ids_from_mask(mask), cache)
         next_pos = mask.sum(-1)
@@ -282,27 +301,3 @@ class TorchRolloutEngine:
             logits = self._forward(tok[:, None], mask, next_pos[:, None], cache)
             next_pos = next_pos + 1
         return out_tok, out_lp, lengths, stopped
-
-    def _assemble(self, prompts, n, tokens, logprobs, lengths, stopped, gid, sample_id_offset):
-        b, r = tokens.shape
-        prompt_ids, prompt_mask = _left_pad(prompts, self.pad_token_id)
-        tokens, logprobs, lengths, stopped = (x.cpu() for x in (tokens, logprobs, lengths, stopped))
-        response_mask = torch.arange(r)[None, :] < lengths[:, None]
-        input_ids = torch.cat([prompt_ids.repeat_interleave(n, 0), tokens], dim=1)
-        attention_mask = torch.cat([prompt_mask.repeat_interleave(n, 0), response_mask.long()], 1)
-        batch = TrajectoryBatch(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            response_mask=response_mask,
-            group_ids=gid.repeat_interleave(n),
-            sample_ids=torch.arange(b, dtype=torch.int64) + sample_id_offset,
-            rollout_logprobs=logprobs,
-        )
-        texts = None
-        if self.tokenizer is not None:
-            # One tolist for the whole batch: per-row tensor slicing cost more than decoding.
-            seqs = [
-                row[:length] for row, length in zip(tokens.tolist(), lengths.tolist(), strict=True)
-            ]
-            texts = tuple(self.tokenizer.batch_decode(seqs, skip_special_tokens=True))
-        return Rollout(batch=batch, truncated=~stopped, texts=texts, n=n)

@@ -1,0 +1,25 @@
+"""What each engine declares about itself, torch-free: preflight reads it without loading one.
+
+``multi_turn``: the engine implements ``generate_turns`` (multi-turn environments need it).
+``logprobs``: the semantics of the log-probs it returns; ``processed`` (the only one a rollout
+accepts) is the log-prob of the distribution actually sampled, after temperature and top-p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+LogprobSemantics = Literal["processed"]
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """An engine's declaration (a class attribute; the registry holds one per engine name)."""
+
+    multi_turn: bool
+    logprobs: LogprobSemantics
+
+
+TORCH = EngineCapabilities(multi_turn=True, logprobs="processed")
+STATIC = EngineCapabilities(multi_turn=False, logprobs="processed")
