@@ -30,7 +30,7 @@ import torch
 
 from posttrain.config.errors import ConfigError
 from posttrain.data.trajectory import DOCUMENT_POSITIONS, TrajectoryBatch
-from posttrain.env.render import TemplateError, _differ, encode, render
+from posttrain.env.render import TemplateError, encode, first_difference, render
 
 log = logging.getLogger("posttrain")
 
@@ -133,9 +133,9 @@ def _spans(tokenizer: Any, messages: list[dict], tools: list[dict], stop: str, l
         prompt = render(tokenizer, messages[:i], tools, generation_prompt=True)
         closed = render(tokenizer, messages[: i + 1], tools)
         if not prompt.startswith(done):
-            return None, _differ(prompt, done)
+            return None, first_difference(prompt, done)
         if not closed.startswith(prompt):
-            return None, _differ(closed, prompt)
+            return None, first_difference(closed, prompt)
         span = closed[len(prompt) :]
         cut = span.find(stop) if stop else -1
         span = span if cut < 0 else span[: cut + len(stop)]
