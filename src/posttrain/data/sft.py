@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from posttrain.config.errors import ConfigError
+from posttrain.data.tasks.jsonl import jsonl_objects
 from posttrain.data.trajectory import DOCUMENT_POSITIONS, TrajectoryBatch
 from posttrain.env.render import TemplateError, encode, first_difference, render
 
@@ -59,10 +60,8 @@ class SFTData:
     fallback: str | None
 
 
-def _messages(row: Any, where: str) -> tuple[list[dict], list[dict]]:
+def _messages(row: dict, where: str) -> tuple[list[dict], list[dict]]:
     """The row's messages (checked, tool-call arguments parsed) and tools."""
-    if not isinstance(row, dict):
-        raise SFTDataError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
     if "messages" in row:
         messages, tools = row["messages"], row.get("tools") or []
     elif isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str):
@@ -187,20 +186,7 @@ def load_sft(path: str, tokenizer: Any, max_tokens: int, truncation: str) -> SFT
     raises :class:`SFTDataError` naming the first bad ``file:line``."""
     rows: list[SFTRow] = []
     dropped, fallback = 0, None
-    for n, raw in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
-        where = f"{path}:{n}"
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise SFTDataError(
-                f"{where}: not UTF-8 ({e.reason} at byte {e.start}); re-encode the file as UTF-8"
-            ) from None
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SFTDataError(f"{where}: not JSON ({e.msg} at character {e.pos})") from None
+    for where, row in jsonl_objects(Path(path), SFTDataError):  # UTF-8, JSON, an object
         messages, tools = _messages(row, where)
         try:
             ids, mask, last_only = render_row(tokenizer, messages, tools)
