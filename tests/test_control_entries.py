@@ -51,7 +51,14 @@ def test_rule_failing_and_passing_side(name, bad, fragment, good):
 
 @pytest.mark.parametrize(
     ("algorithm", "family"),
-    [("grpo", "grpo"), ("gspo", "grpo"), ("opd", "opd"), ("opd_x", "opd"), ("dpo", "dpo")],
+    [
+        ("grpo", "grpo"),
+        ("gspo", "grpo"),
+        ("opd", "opd"),
+        ("opd_x", "opd"),
+        ("dpo", "dpo"),
+        ("sft", "sft"),
+    ],
 )
 def test_objective_family(algorithm, family):
     assert objective_family(cfg([f"job.algorithm={algorithm}"])) == family
