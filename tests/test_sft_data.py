@@ -73,6 +73,23 @@ def test_a_template_that_rewrites_earlier_turns_trains_the_last_turn_only(tmp_pa
     assert "rows.jsonl:1: the chat template rewrites earlier turns" in data.fallback
 
 
+def test_the_last_turn_fallback_is_per_row(tmp_path):
+    tok = build_tools_tokenizer()
+    # Drops an earlier assistant turn only when it holds reasoning (as Qwen3's template does).
+    tok.chat_template = (
+        "{% for m in messages %}{% if m.role != 'assistant' or loop.last or '<' not in m.content %}"
+        "{{ m.role[0] | upper }}:{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}A:{% endif %}"
+    )
+    plain = [{**m, "content": "12+7"} if m["role"] == "assistant" and i == 2 else m
+             for i, m in enumerate(CONVERSATION)]  # fmt: skip
+    data = load_sft(write(tmp_path, {"messages": plain}, {"messages": CONVERSATION}), tok, 200,
+                    "error")  # fmt: skip
+    assert trained_text(tok, data.rows[0]).replace("·", " ").split() == ["12+7<eos>", "19<eos>"]
+    assert trained_text(tok, data.rows[1]).strip("·") == "19<eos>"
+    assert data.fallback.startswith(f"{tmp_path / 'rows.jsonl'}:2: the chat template rewrites")
+
+
 def test_tool_calls_are_rendered_by_the_template_and_their_arguments_parsed(tmp_path):
     tok = build_tools_tokenizer()
     tok.chat_template = tok.chat_template.replace(

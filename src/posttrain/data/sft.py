@@ -11,8 +11,9 @@ it with the generation prompt, ``P_i``, must extend the text covered so far, and
 the turn, ``C_i``, must start with ``P_i``; the turn's span is ``C_i[len(P_i):]`` up to and
 including the template's stop token (the tokenizer's EOS), and what lies between spans is
 context. Each piece is encoded alone (``render.encode``), as a rollout's prompt and sampled ids
-are, so the trained ids are those the model samples after that prompt. A template that rewrites
-earlier turns trains on each row's last assistant turn only (one warning names it); a tokenizer
+are, so the trained ids are those the model samples after that prompt. A row whose earlier
+turns the template rewrites trains on its last assistant turn only (one warning names the first
+such row; the rows it renders prefix-stably train on every turn); a tokenizer
 without a chat template renders prompt/completion rows as ``BOS + prompt`` then
 ``completion + EOS`` (one warning) and refuses message rows.
 """
@@ -199,8 +200,8 @@ def load_sft(path: str, tokenizer: Any, max_tokens: int, truncation: str) -> SFT
         if last_only and fallback is None:
             fallback = (
                 f"{where}: the chat template rewrites earlier turns when later ones follow, so "
-                "their assistant spans cannot be marked; each row trains on its last assistant "
-                "turn only"
+                "their assistant spans cannot be marked; this row and every other such row "
+                "train on their last assistant turn only"
             )
         if len(ids) > max_tokens:
             if truncation == "error":
