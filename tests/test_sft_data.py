@@ -73,6 +73,21 @@ def test_a_template_that_rewrites_earlier_turns_trains_the_last_turn_only(tmp_pa
     assert "rows.jsonl:1: the chat template rewrites earlier turns" in data.fallback
 
 
+def test_a_template_whose_turns_do_not_end_with_eos_is_refused(tmp_path):
+    """The span would run on past the turn into the separator, and never hold the stop token a
+    rollout stops at: the model would not learn to stop."""
+    tok = build_tools_tokenizer()
+    tok.chat_template = tok.chat_template.replace("{{ eos_token }}", "|")
+    with pytest.raises(SFTDataError) as info:
+        load_sft(write(tmp_path, {"messages": CONVERSATION}), tok, 200, "error")
+    assert (
+        "rows.jsonl:1: the chat template closes an assistant turn without the tokenizer's "
+        "EOS '<eos>'"
+        in str(info.value)
+        and "\n" not in str(info.value)
+    )
+
+
 def test_the_last_turn_fallback_is_per_row(tmp_path):
     tok = build_tools_tokenizer()
     # Drops an earlier assistant turn only when it holds reasoning (as Qwen3's template does).

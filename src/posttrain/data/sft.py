@@ -9,8 +9,8 @@ until every row of the file has been read, checked and rendered.
 (``env/render.py``): for each assistant turn ``i`` the template's text of the conversation up to
 it with the generation prompt, ``P_i``, must extend the text covered so far, and the text with
 the turn, ``C_i``, must start with ``P_i``; the turn's span is ``C_i[len(P_i):]`` up to and
-including the template's stop token (the tokenizer's EOS), and what lies between spans is
-context. Each piece is encoded alone (``render.encode``), as a rollout's prompt and sampled ids
+including the template's stop token (the tokenizer's EOS; a template whose turn holds none is
+refused), and what lies between spans is context. Each piece is encoded alone (``render.encode``), as a rollout's prompt and sampled ids
 are, so the trained ids are those the model samples after that prompt. A row whose earlier
 turns the template rewrites trains on its last assistant turn only (one warning names the first
 such row; the rows it renders prefix-stably train on every turn); a tokenizer
@@ -137,8 +137,16 @@ def _spans(tokenizer: Any, messages: list[dict], tools: list[dict], stop: str, l
         if not closed.startswith(prompt):
             return None, first_difference(closed, prompt)
         span = closed[len(prompt) :]
-        cut = span.find(stop) if stop else -1
-        span = span if cut < 0 else span[: cut + len(stop)]
+        if stop:  # the turn ends at the stop token a rollout stops at
+            cut = span.find(stop)
+            if cut < 0:
+                raise TemplateError(
+                    f"the chat template closes an assistant turn without the tokenizer's EOS "
+                    f"{stop!r} (the turn ends {span[-20:]!r}), so the model would not learn to "
+                    "stop; use a tokenizer whose eos_token ends the template's assistant turns "
+                    "(model.tokenizer_path)"
+                )
+            span = span[: cut + len(stop)]
         for call in messages[i].get("tool_calls", []):
             if call["function"]["name"] not in span:
                 raise TemplateError(
