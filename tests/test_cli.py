@@ -128,14 +128,16 @@ def test_the_recipe_list_of_a_missing_recipe_is_whole():
     assert len(cut) < 140 + len(info.value.choices)  # the limit, the marker, the whole list
 
 
-def test_help_lists_recipes_without_loading_torch():
+@pytest.mark.parametrize(("entry", "recipe"), [("grpo", "arithmetic_clipped"),
+                                              ("sft", "sft_tools_tiny")])  # fmt: skip
+def test_help_lists_recipes_without_loading_torch(entry, recipe):
     code = (
         "import sys\n"
         "from posttrain.entrypoints.cli import main\n"
-        "try:\n    main(['grpo', '--help'])\nexcept SystemExit:\n    pass\n"
+        f"try:\n    main(['{entry}', '--help'])\nexcept SystemExit:\n    pass\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={"PYTHONPATH": str(SRC)}, timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "arithmetic_clipped" in proc.stdout
+    assert recipe in proc.stdout

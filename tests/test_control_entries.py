@@ -15,12 +15,23 @@ from posttrain.control import PreflightError, entries, objective_family  # noqa:
 from posttrain.control.entries import check_entry, refuse_unread_overrides  # noqa: E402
 from posttrain.entrypoints import registry  # noqa: E402
 
+SFT = ["job.algorithm=sft", "sft.train_path=rows.jsonl"]
+
 CASES: list[Case] = [
     ("entry_reads_no_online_knobs", [*DPO, "rl.rollout_is_cap=2", "teacher.top_k=8"],
      "rl.rollout_is_cap=2.0, teacher.top_k=8 are never read by job.algorithm=dpo", DPO),
     ("entry_reads_no_online_knobs", [*DPO, "rl.kl_beta=0.1", "rollout.n=4"],
      "rollout.n=4, rl.kl_beta=0.1 are never read by job.algorithm=dpo (Diffusion DPO trains "
      "offline on dpo.pairs_path)", DPO),
+    # The online loop's prompt rendering, sampling dtype and environment: no policy-only
+    # entry reads them (SFT's rows carry their own system turn, tools and tool turns).
+    ("entry_reads_no_online_knobs", [*SFT, "env.name=calculator", "env.max_turns=3",
+     "env.max_context=100", "rollout.dtype=bfloat16", "data.prompt_truncation=left",
+     "data.user_template=Q: {prompt}", "data.exact_digits=true", "data.allow_repeats=true"],
+     "data.exact_digits=True, data.allow_repeats=True, data.user_template=Q: {prompt}, "
+     "data.prompt_truncation=left, rollout.dtype=bfloat16, env.name=calculator, env.max_turns=3, "
+     "env.max_context=100 are never read by job.algorithm=sft (SFT trains offline on "
+     "sft.train_path)", SFT),
     ("section_read_only_by_its_entry", ["dpo.beta=2"],
      "dpo.beta=2.0 is read only by Diffusion DPO, not by job.algorithm=grpo; remove them or set "
      "job.algorithm=dpo", [*DPO, "dpo.beta=2"]),
@@ -40,7 +51,14 @@ def test_rule_failing_and_passing_side(name, bad, fragment, good):
 
 @pytest.mark.parametrize(
     ("algorithm", "family"),
-    [("grpo", "grpo"), ("gspo", "grpo"), ("opd", "opd"), ("opd_x", "opd"), ("dpo", "dpo")],
+    [
+        ("grpo", "grpo"),
+        ("gspo", "grpo"),
+        ("opd", "opd"),
+        ("opd_x", "opd"),
+        ("dpo", "dpo"),
+        ("sft", "sft"),
+    ],
 )
 def test_objective_family(algorithm, family):
     assert objective_family(cfg([f"job.algorithm={algorithm}"])) == family

@@ -81,14 +81,14 @@ def test_local_placement_refuses_several_policy_ranks(tmp_path):
 
 def test_a_worker_that_resolved_another_config_is_refused():
     pytest.importorskip("ray")
-    from posttrain.placement.ray import _check_worker_configs
+    from posttrain.placement.ray import check_worker_configs
 
     driver = {"rl": {"lr": 0.01, "max_steps": 3}, "job": {"name": "a"}}
-    _check_worker_configs(
+    check_worker_configs(
         driver, {"reward": {"rl": {"lr": 0.01, "max_steps": 3}, "job": {"name": "a"}}}
     )
     with pytest.raises(ConfigError, match="the rollout actor resolved a different config at rl.lr"):
-        _check_worker_configs(driver, {"rollout": {"rl": {"lr": 0.001, "max_steps": 3},
+        check_worker_configs(driver, {"rollout": {"rl": {"lr": 0.001, "max_steps": 3},
                                                    "job": {"name": "a"}}})  # fmt: skip
 
 

@@ -73,6 +73,38 @@ def test_a_template_that_rewrites_earlier_turns_trains_the_last_turn_only(tmp_pa
     assert "rows.jsonl:1: the chat template rewrites earlier turns" in data.fallback
 
 
+def test_a_template_whose_turns_do_not_end_with_eos_is_refused(tmp_path):
+    """The span would run on past the turn into the separator, and never hold the stop token a
+    rollout stops at: the model would not learn to stop."""
+    tok = build_tools_tokenizer()
+    tok.chat_template = tok.chat_template.replace("{{ eos_token }}", "|")
+    with pytest.raises(SFTDataError) as info:
+        load_sft(write(tmp_path, {"messages": CONVERSATION}), tok, 200, "error")
+    assert (
+        "rows.jsonl:1: the chat template closes an assistant turn without the tokenizer's "
+        "EOS '<eos>'"
+        in str(info.value)
+        and "\n" not in str(info.value)
+    )
+
+
+def test_the_last_turn_fallback_is_per_row(tmp_path):
+    tok = build_tools_tokenizer()
+    # Drops an earlier assistant turn only when it holds reasoning (as Qwen3's template does).
+    tok.chat_template = (
+        "{% for m in messages %}{% if m.role != 'assistant' or loop.last or '<' not in m.content %}"
+        "{{ m.role[0] | upper }}:{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}A:{% endif %}"
+    )
+    plain = [{**m, "content": "12+7"} if m["role"] == "assistant" and i == 2 else m
+             for i, m in enumerate(CONVERSATION)]  # fmt: skip
+    data = load_sft(write(tmp_path, {"messages": plain}, {"messages": CONVERSATION}), tok, 200,
+                    "error")  # fmt: skip
+    assert trained_text(tok, data.rows[0]).replace("·", " ").split() == ["12+7<eos>", "19<eos>"]
+    assert trained_text(tok, data.rows[1]).strip("·") == "19<eos>"
+    assert data.fallback.startswith(f"{tmp_path / 'rows.jsonl'}:2: the chat template rewrites")
+
+
 def test_tool_calls_are_rendered_by_the_template_and_their_arguments_parsed(tmp_path):
     tok = build_tools_tokenizer()
     tok.chat_template = tok.chat_template.replace(
@@ -99,7 +131,8 @@ def test_tool_calls_are_rendered_by_the_template_and_their_arguments_parsed(tmp_
           "tool_calls": [{"function": {"name": "calc", "arguments": "{x: 1"}}]}]},
          "rows.jsonl:2: message 1 tool call 0: arguments are not valid JSON"),
         (b"\xff\xfe not utf-8\n", "rows.jsonl:2: not UTF-8"),
-        (b"{not json\n", "rows.jsonl:2: not JSON"),
+        (b"{not json\n", "rows.jsonl:2: not valid JSON"),
+        ([1, 2], "rows.jsonl:2: expected a JSON object, got list"),
         ({"question": "q"}, "rows.jsonl:2: a row needs \"messages\""),
         ({"prompt": "1+1=", "completion": "2" * 80}, "rows.jsonl:2: the row renders to"),
     ],

@@ -12,14 +12,17 @@ from posttrain.config.schema import PosttrainConfig, all_keys
 from posttrain.control.rules import PreflightError, are, changed, error, objective_family
 from posttrain.entrypoints.registry import ENTRIES, Entry, entry, section_owner
 
-#: Settings of the online loop (prompts, sampling, rewards, the loop's schedule, the language
-#: model's options); with every online objective's knobs (their declarations' universe) they
-#: are what a policy-only entry refuses, less the ones it reads (``Entry.online_reads``).
+#: Settings of the online loop (prompts and how they are rendered, sampling, rewards, the
+#: environment, the loop's schedule, the language model's options); with every online
+#: objective's knobs (their declarations' universe) they are what a policy-only entry refuses,
+#: less the ones it reads (``Entry.online_reads``).
 _LOOP_KNOBS = {
     "data": ("task", "train_path", "val_path", "reasoning_gym_dataset", "reasoning_gym_options",
-             "digits", "operators", "train_size", "val_size", "prompts_per_step",
-             "prompt_template"),
-    "rollout": ("n", "temperature", "top_p", "max_tokens", "engine"),
+             "digits", "exact_digits", "operators", "train_size", "val_size", "prompts_per_step",
+             "allow_repeats", "prompt_template", "system_prompt", "user_template",
+             "prompt_truncation"),
+    "rollout": ("n", "temperature", "top_p", "max_tokens", "engine", "dtype"),
+    "env": ("name", "tools", "max_turns", "max_context"),
     "reward": ("verifier", "format_weight", "functions", "shared_prefix_mask", "mask_truncated"),
     "rl": ("objective_builder", "dynamic_sampling", "max_sampling_rounds",
            "mini_batch_per_replica", "micro_batch_tokens", "off_policy_lag"),

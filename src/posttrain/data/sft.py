@@ -9,10 +9,11 @@ until every row of the file has been read, checked and rendered.
 (``env/render.py``): for each assistant turn ``i`` the template's text of the conversation up to
 it with the generation prompt, ``P_i``, must extend the text covered so far, and the text with
 the turn, ``C_i``, must start with ``P_i``; the turn's span is ``C_i[len(P_i):]`` up to and
-including the template's stop token (the tokenizer's EOS), and what lies between spans is
-context. Each piece is encoded alone (``render.encode``), as a rollout's prompt and sampled ids
-are, so the trained ids are those the model samples after that prompt. A template that rewrites
-earlier turns trains on each row's last assistant turn only (one warning names it); a tokenizer
+including the template's stop token (the tokenizer's EOS; a template whose turn holds none is
+refused), and what lies between spans is context. Each piece is encoded alone (``render.encode``), as a rollout's prompt and sampled ids
+are, so the trained ids are those the model samples after that prompt. A row whose earlier
+turns the template rewrites trains on its last assistant turn only (one warning names the first
+such row; the rows it renders prefix-stably train on every turn); a tokenizer
 without a chat template renders prompt/completion rows as ``BOS + prompt`` then
 ``completion + EOS`` (one warning) and refuses message rows.
 """
@@ -29,8 +30,9 @@ from typing import Any
 import torch
 
 from posttrain.config.errors import ConfigError
+from posttrain.data.tasks.jsonl import jsonl_objects
 from posttrain.data.trajectory import DOCUMENT_POSITIONS, TrajectoryBatch
-from posttrain.env.render import TemplateError, _differ, encode, render
+from posttrain.env.render import TemplateError, encode, first_difference, render
 
 log = logging.getLogger("posttrain")
 
@@ -59,10 +61,8 @@ class SFTData:
     fallback: str | None
 
 
-def _messages(row: Any, where: str) -> tuple[list[dict], list[dict]]:
+def _messages(row: dict, where: str) -> tuple[list[dict], list[dict]]:
     """The row's messages (checked, tool-call arguments parsed) and tools."""
-    if not isinstance(row, dict):
-        raise SFTDataError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
     if "messages" in row:
         messages, tools = row["messages"], row.get("tools") or []
     elif isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str):
@@ -133,12 +133,20 @@ def _spans(tokenizer: Any, messages: list[dict], tools: list[dict], stop: str, l
         prompt = render(tokenizer, messages[:i], tools, generation_prompt=True)
         closed = render(tokenizer, messages[: i + 1], tools)
         if not prompt.startswith(done):
-            return None, _differ(prompt, done)
+            return None, first_difference(prompt, done)
         if not closed.startswith(prompt):
-            return None, _differ(closed, prompt)
+            return None, first_difference(closed, prompt)
         span = closed[len(prompt) :]
-        cut = span.find(stop) if stop else -1
-        span = span if cut < 0 else span[: cut + len(stop)]
+        if stop:  # the turn ends at the stop token a rollout stops at
+            cut = span.find(stop)
+            if cut < 0:
+                raise TemplateError(
+                    f"the chat template closes an assistant turn without the tokenizer's EOS "
+                    f"{stop!r} (the turn ends {span[-20:]!r}), so the model would not learn to "
+                    "stop; use a tokenizer whose eos_token ends the template's assistant turns "
+                    "(model.tokenizer_path)"
+                )
+            span = span[: cut + len(stop)]
         for call in messages[i].get("tool_calls", []):
             if call["function"]["name"] not in span:
                 raise TemplateError(
@@ -187,20 +195,7 @@ def load_sft(path: str, tokenizer: Any, max_tokens: int, truncation: str) -> SFT
     raises :class:`SFTDataError` naming the first bad ``file:line``."""
     rows: list[SFTRow] = []
     dropped, fallback = 0, None
-    for n, raw in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
-        where = f"{path}:{n}"
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise SFTDataError(
-                f"{where}: not UTF-8 ({e.reason} at byte {e.start}); re-encode the file as UTF-8"
-            ) from None
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SFTDataError(f"{where}: not JSON ({e.msg} at character {e.pos})") from None
+    for where, row in jsonl_objects(Path(path), SFTDataError):  # UTF-8, JSON, an object
         messages, tools = _messages(row, where)
         try:
             ids, mask, last_only = render_row(tokenizer, messages, tools)
@@ -213,8 +208,8 @@ def load_sft(path: str, tokenizer: Any, max_tokens: int, truncation: str) -> SFT
         if last_only and fallback is None:
             fallback = (
                 f"{where}: the chat template rewrites earlier turns when later ones follow, so "
-                "their assistant spans cannot be marked; each row trains on its last assistant "
-                "turn only"
+                "their assistant spans cannot be marked; this row and every other such row "
+                "train on their last assistant turn only"
             )
         if len(ids) > max_tokens:
             if truncation == "error":

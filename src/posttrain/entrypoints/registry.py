@@ -69,8 +69,8 @@ class Entry:
         return f"posttrain.entrypoints.{self.name}"
 
 
-#: Every entry, in help order of nothing but this table; the first is the default family (a
-#: ``job.algorithm`` that starts with no other entry's name belongs to it).
+#: Every entry, in the order ``posttrain --help`` lists them; the first is the default family
+#: (a ``job.algorithm`` that starts with no other entry's name belongs to it).
 ENTRIES: tuple[Entry, ...] = (
     Entry(
         "grpo", "GRPO", "a GRPO-family algorithm (online RL)",
@@ -152,4 +152,4 @@ def section_owner(section: str) -> Entry | None:
     return next((e for e in ENTRIES if section in e.sections), None)
 
 
-__all__ = ["ENTRIES", "Entry", "entry", "family_of", "load", "names"]
+__all__ = ["ENTRIES", "Entry", "entry", "family_of", "load", "names", "section_owner"]

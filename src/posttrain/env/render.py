@@ -73,8 +73,9 @@ def decode(tokenizer: Any, ids: Sequence[int]) -> str:
     )
 
 
-def _differ(a: str, b: str) -> str:
-    """Where two texts part, quoted briefly for a one-line error."""
+def first_difference(a: str, b: str) -> str:
+    """Where two texts part, quoted briefly for a one-line error (a template that is not
+    prefix-stable: multi-turn RL here, SFT's span marking in ``data/sft.py``)."""
     i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     return f"at character {i}: {a[i : i + 20]!r} vs {b[i : i + 20]!r}"
 
@@ -108,8 +109,9 @@ def observation_segment(
     if not closed.startswith(head):
         raise TemplateError(
             f"{where} is not prefix-stable: the assistant turn does not render as the generation "
-            f"prompt followed by the sampled content verbatim ({_differ(closed, head)}); use a "
-            "template that renders assistant content unchanged (no trim, no reasoning removal)"
+            f"prompt followed by the sampled content verbatim ({first_difference(closed, head)}); "
+            "use a template that renders assistant content unchanged (no trim, no reasoning "
+            "removal)"
         )
     closer = closed[len(head) :]
     if not closer.startswith(stop_text):
@@ -121,7 +123,8 @@ def observation_segment(
     if not opened.startswith(closed):
         raise TemplateError(
             f"{where} is not prefix-stable: appending messages changes the text of earlier "
-            f"turns ({_differ(opened, closed)}); use a template that renders history unchanged"
+            f"turns ({first_difference(opened, closed)}); use a template that renders history "
+            "unchanged"
         )
     text = closer[len(stop_text) :] + opened[len(closed) :]
     return Segment(ids=encode(tokenizer, text), prompt_text=opened)

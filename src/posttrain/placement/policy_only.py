@@ -58,8 +58,8 @@ def place_policy_only(
 def _place_ray(config, config_path, opts, role_cls, kwargs, run_dir) -> RayPolicy:
     from posttrain.placement.ray import (
         START_TIMEOUT_S,
-        _check_serialisable,
-        _check_worker_configs,
+        check_serialisable,
+        check_worker_configs,
         connect,
         host_actor,
         release,
@@ -69,7 +69,7 @@ def _place_ray(config, config_path, opts, role_cls, kwargs, run_dir) -> RayPolic
 
     for value in kwargs.values():
         if callable(value):
-            _check_serialisable(value)
+            check_serialisable(value)
     pc = config.placement
     owns_ray = connect(pc, actors=1, model_actors=1)
     run_dir = str(Path(run_dir).resolve())
@@ -83,7 +83,7 @@ def _place_ray(config, config_path, opts, role_cls, kwargs, run_dir) -> RayPolic
             role_cls, config_path, list(opts), {**kwargs, "run_dir": run_dir, "device": device}
         )
         resolved = actors.gather([(name, start)], START_TIMEOUT_S)[0]
-        _check_worker_configs(to_dict(config), {name: resolved})
+        check_worker_configs(to_dict(config), {name: resolved})
     except BaseException:
         release(actors, owns_ray)
         raise

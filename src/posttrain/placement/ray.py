@@ -160,7 +160,7 @@ def place_ray(
 ) -> RayRoles:
     """Start (or join) Ray, place every role as an actor, and check what each one resolved."""
     check_builder(build_objective_fn)
-    _check_serialisable(build_objective_fn)
+    check_serialisable(build_objective_fn)
     specs = check_specs(specs)
     pc = config.placement
     ranks = pc.policy_ranks
@@ -184,7 +184,7 @@ def place_ray(
                               ranks, device, "nccl" if gpu else "gloo", specs,
                               pc.policy_sharding == "fsdp")  # fmt: skip
         configs = dict(zip(actors.handles, actors.gather(starts, START_TIMEOUT_S), strict=True))
-        _check_worker_configs(to_dict(config), configs)
+        check_worker_configs(to_dict(config), configs)
     except BaseException:
         release(actors, owns_ray)
         raise
@@ -243,7 +243,9 @@ def _start_roles(
     return calls
 
 
-def _check_serialisable(fn: ObjectiveBuilder) -> None:
+def check_serialisable(fn: ObjectiveBuilder) -> None:
+    """A function an actor is given (an objective or trainer builder) travels by pickling: by
+    module and name, so a lambda or a local function is refused here, before any actor starts."""
     import pickle
 
     try:
@@ -324,7 +326,7 @@ def _check_capacity(pc, actors: int, model_actors: int) -> None:
         )
 
 
-def _check_worker_configs(driver: dict, workers: dict[str, dict]) -> None:
+def check_worker_configs(driver: dict, workers: dict[str, dict]) -> None:
     """Every actor must have resolved the driver's config (same recipe file, same overrides)."""
     for name, cfg in workers.items():
         diff = differing_keys(driver, cfg)
