@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,11 +182,9 @@ def render_row(tokenizer: Any, messages: list[dict], tools: list[dict]) -> tuple
     return ids, mask, last_only
 
 
-def load_sft(path: str, tokenizer: Any, max_tokens: int, truncation: str) -> SFTData:
-    """Read, check and render every row of ``path`` (``sft.max_tokens``, ``sft.truncation``);
-    raises :class:`SFTDataError` naming the first bad ``file:line``."""
-    rows: list[SFTRow] = []
-    dropped, fallback = 0, None
+def read_jsonl(path: str) -> Iterator[tuple[str, Any]]:
+    """``(file:line, parsed row)`` of every non-blank line; a line that is not UTF-8 or not
+    JSON raises :class:`SFTDataError` naming it."""
     for n, raw in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
         where = f"{path}:{n}"
         try:
@@ -198,18 +196,31 @@ def load_sft(path: str, tokenizer: Any, max_tokens: int, truncation: str) -> SFT
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            yield where, json.loads(line)
         except json.JSONDecodeError as e:
             raise SFTDataError(f"{where}: not JSON ({e.msg} at character {e.pos})") from None
+
+
+def render_checked(tokenizer: Any, messages: list[dict], tools: list[dict], where: str):
+    """:func:`render_row`, with a template's refusal as one line naming ``where``."""
+    try:
+        return render_row(tokenizer, messages, tools)
+    except TemplateError as e:
+        raise SFTDataError(f"{where}: {e}") from None
+    except Exception as e:  # the template's own refusal (jinja raise_exception, a bad key)
+        raise SFTDataError(
+            f"{where}: the chat template cannot render this row ({type(e).__name__}: {e})"
+        ) from None
+
+
+def load_sft(path: str, tokenizer: Any, max_tokens: int, truncation: str) -> SFTData:
+    """Read, check and render every row of ``path`` (``sft.max_tokens``, ``sft.truncation``);
+    raises :class:`SFTDataError` naming the first bad ``file:line``."""
+    rows: list[SFTRow] = []
+    dropped, fallback = 0, None
+    for where, row in read_jsonl(path):
         messages, tools = _messages(row, where)
-        try:
-            ids, mask, last_only = render_row(tokenizer, messages, tools)
-        except TemplateError as e:
-            raise SFTDataError(f"{where}: {e}") from None
-        except Exception as e:  # the template's own refusal (jinja raise_exception, a bad key)
-            raise SFTDataError(
-                f"{where}: the chat template cannot render this row ({type(e).__name__}: {e})"
-            ) from None
+        ids, mask, last_only = render_checked(tokenizer, messages, tools, where)
         if last_only and fallback is None:
             fallback = (
                 f"{where}: the chat template rewrites earlier turns when later ones follow, so "
