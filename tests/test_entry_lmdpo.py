@@ -156,6 +156,7 @@ def test_kill_then_resume_is_bit_exact(tmp_path, kill):
         (["rl.micro_batch_size=1"], "rl.micro_batch_size=1: a preference pair is two rows"),
         (["placement.backend=ray", "placement.policy_sharding=fsdp"],
          "the LM DPO entry trains one unsharded policy rank"),
+        (["rl.micro_batch_tokens=10"], "rl.micro_batch_tokens=10: the pair at "),
         (["sft.max_tokens=9"], "sft.max_tokens=9 is read only by SFT, not by job.algorithm=lmdpo"),
         (["job.algorithm=grpo"], "job.algorithm=grpo is a GRPO-family algorithm (online RL), "
          "which `posttrain lmdpo` does not train"),

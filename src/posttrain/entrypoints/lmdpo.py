@@ -28,7 +28,7 @@ import torch
 
 from posttrain.algorithm.lmdpo import held_out, make_objective
 from posttrain.algorithm.primitives.objective import REFERENCE_COLUMN
-from posttrain.config import PosttrainConfig
+from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.control.entries import refuse_unread_overrides
 from posttrain.data.lmdpo import PairData, collate_pairs, load_pairs
 from posttrain.data.logprobs import response_logprobs
@@ -105,9 +105,25 @@ def load_data(config: PosttrainConfig) -> tuple[PairData, PairData | None]:
     return train, val
 
 
+def check_budget(config: PosttrainConfig, train: PairData) -> None:
+    """Refuse an ``rl.micro_batch_tokens`` below the longest pair (two rows of the longer
+    answer's width), which the trainer would split across micro-batches."""
+    budget = config.rl.micro_batch_tokens
+    if budget is None:
+        return
+    need, where = max((2 * max(len(c.ids), len(r.ids)), c.where) for c, r in train.pairs)
+    if need > budget:
+        raise ConfigError(
+            f"rl.micro_batch_tokens={budget}: the pair at {where} takes {need} tokens (chosen "
+            f"and rejected, which share a micro-batch); set rl.micro_batch_tokens >= {need}"
+        )
+
+
 def check_data(config: PosttrainConfig) -> None:
-    """What ``posttrain config show`` checks: both files read, check and render whole."""
-    load_data(config)
+    """What ``posttrain config show`` checks: both files read, check and render whole, and a
+    token budget holds every pair."""
+    train, _ = load_data(config)
+    check_budget(config, train)
 
 
 def run(
@@ -126,6 +142,7 @@ def run(
     refuse_unread_overrides(opts, cfg)  # what preflight cannot see (default values)
     check_model_source(cfg)
     train, val = load_data(cfg)  # data errors surface before any model loads
+    check_budget(cfg, train)
     for data in (train, val):
         if data is not None and data.dropped:
             log.info("lmdpo: %d over-long pairs dropped (lmdpo.truncation=drop)", data.dropped)
