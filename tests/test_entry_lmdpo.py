@@ -85,6 +85,17 @@ def test_lora_scores_against_the_adapter_free_base(tmp_path):
     assert summary["final"]["val/loss"] < summary["initial"]["val/loss"]
 
 
+def test_bf16_compute_scores_the_reference_in_the_same_precision(tmp_path):
+    """``model.dtype=bfloat16``: the second copy of the base holds float32 weights, as the
+    policy's master weights, and scores under the trainer's autocast as the policy does, so a
+    policy equal to it still has Δ = 0 (loss log 2)."""
+    summary = train(opts_for(tmp_path, "bf16", **{"model.dtype": "bfloat16", "rl.max_steps": 2}))
+    metrics = rows_in(Path(summary["run_dir"]))
+    assert summary["initial"]["val/loss"] == pytest.approx(0.6931472, abs=1e-6)
+    assert all(torch.isfinite(torch.tensor(metrics[s]["train/loss"])) for s in (1, 2))
+    assert summary["final"]["val/loss"] < summary["initial"]["val/loss"]
+
+
 def test_stop_and_resume_is_bit_exact(tmp_path):
     straight = train(opts_for(tmp_path, "straight"))
     train(opts_for(tmp_path, "stopped", **{"rl.max_steps": 2}))

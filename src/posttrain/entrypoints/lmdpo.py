@@ -65,8 +65,10 @@ class LMDPOPolicyRole(PolicyRole):
         if is_lora(self.model):  # the frozen base itself, adapters off: no second copy
             self.reference = AdapterFreeReference(self.model)
         else:
-            m = config.model
-            self.reference, _ = load_policy(m.name_or_path, None, m.dtype, self.trainer.device)
+            # float32 as the policy's master weights: under the same autocast the two score
+            # alike, so a policy still equal to its base has Δ = 0 exactly
+            path = config.model.name_or_path
+            self.reference, _ = load_policy(path, None, "float32", self.trainer.device)
             self.reference.eval().requires_grad_(False)
 
     @torch.no_grad()
