@@ -102,3 +102,11 @@ def test_every_entry_module_and_builder_named_in_the_registry_exists():
         if e.cli:
             cli = registry.load(e.cli)
             assert callable(cli.add_arguments) and callable(cli.dispatch)
+
+
+def test_no_entry_name_starts_another_entrys_name():
+    """A label belongs to the entry whose name it starts with (``family_of``), so no name may
+    start with another's (``lmdpo`` is not ``dpo``'s: Diffusion DPO keeps ``dpo*``)."""
+    names = registry.names()
+    assert not [(a, b) for a in names for b in names if a != b and b.startswith(a)]
+    assert registry.family_of("lmdpo") == "lmdpo" and registry.family_of("dpo") == "dpo"

@@ -23,6 +23,7 @@ from posttrain.control import (  # noqa: E402
     inactive,
     inert,
     lag,
+    lmdpo,
     opd,
     reads,
     reset,
@@ -32,7 +33,8 @@ from posttrain.control import (  # noqa: E402
 )
 
 MODULES = (
-    reads, temperature, inactive, inert, consistency, lag, reset, external, entries, opd, dpo, sft
+    reads, temperature, inactive, inert, consistency, lag, reset, external, entries, opd, dpo, sft,
+    lmdpo,
 )  # fmt: skip
 
 

@@ -26,6 +26,7 @@ EXPECTED_WARNINGS = {
     "opd_arithmetic": [],
     "dpo_shapes": [],
     "sft_tools_tiny": [],
+    "lmdpo_tools_tiny": [],
 }
 
 

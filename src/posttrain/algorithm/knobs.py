@@ -151,3 +151,12 @@ SFT_KNOBS: frozenset[str] = frozenset()
 def sft_reads(config: Any) -> Reads:
     """SFT's cross-entropy reads no objective knob (``sft.loss_reduction`` is its own section's)."""
     return Reads(frozenset(), "the objective builder posttrain.algorithm.sft:make_objective")
+
+
+#: DPO for language models reads no knob of the online objectives' universe.
+LMDPO_KNOBS: frozenset[str] = frozenset()
+
+
+def lmdpo_reads(config: Any) -> Reads:
+    """LM DPO's loss reads no objective knob (β, ε and the loss are its own section's)."""
+    return Reads(frozenset(), "the objective builder posttrain.algorithm.lmdpo:make_objective")

@@ -7,6 +7,7 @@ from pydantic import Field
 from posttrain.config.base import Section
 from posttrain.config.dpo import DPOConfig
 from posttrain.config.env import EnvConfig
+from posttrain.config.lmdpo import LMDPOConfig
 from posttrain.config.rl import RLConfig
 from posttrain.config.runtime import CheckpointConfig, LoggingConfig, PlacementConfig
 from posttrain.config.sections import (
@@ -37,6 +38,7 @@ class PosttrainConfig(Section):
     )
     dpo: DPOConfig = Field(default_factory=DPOConfig, description="Diffusion DPO.")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="Supervised fine-tuning.")
+    lmdpo: LMDPOConfig = Field(default_factory=LMDPOConfig, description="DPO for language models.")
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="Role placement."
     )

@@ -190,6 +190,18 @@ def render_row(tokenizer: Any, messages: list[dict], tools: list[dict]) -> tuple
     return ids, mask, last_only
 
 
+def render_checked(tokenizer: Any, messages: list[dict], tools: list[dict], where: str):
+    """:func:`render_row`, with a template's refusal as one line naming ``where``."""
+    try:
+        return render_row(tokenizer, messages, tools)
+    except TemplateError as e:
+        raise SFTDataError(f"{where}: {e}") from None
+    except Exception as e:  # the template's own refusal (jinja raise_exception, a bad key)
+        raise SFTDataError(
+            f"{where}: the chat template cannot render this row ({type(e).__name__}: {e})"
+        ) from None
+
+
 def load_sft(path: str, tokenizer: Any, max_tokens: int, truncation: str) -> SFTData:
     """Read, check and render every row of ``path`` (``sft.max_tokens``, ``sft.truncation``);
     raises :class:`SFTDataError` naming the first bad ``file:line``."""
@@ -197,14 +209,7 @@ def load_sft(path: str, tokenizer: Any, max_tokens: int, truncation: str) -> SFT
     dropped, fallback = 0, None
     for where, row in jsonl_objects(Path(path), SFTDataError):  # UTF-8, JSON, an object
         messages, tools = _messages(row, where)
-        try:
-            ids, mask, last_only = render_row(tokenizer, messages, tools)
-        except TemplateError as e:
-            raise SFTDataError(f"{where}: {e}") from None
-        except Exception as e:  # the template's own refusal (jinja raise_exception, a bad key)
-            raise SFTDataError(
-                f"{where}: the chat template cannot render this row ({type(e).__name__}: {e})"
-            ) from None
+        ids, mask, last_only = render_checked(tokenizer, messages, tools, where)
         if last_only and fallback is None:
             fallback = (
                 f"{where}: the chat template rewrites earlier turns when later ones follow, so "

@@ -117,6 +117,25 @@ ENTRIES: tuple[Entry, ...] = (
         data_fix="point it at a JSONL file of chat rows (docs/guides/sft.md)",
         data_check="posttrain.entrypoints.sft:check_data",
     ),
+    Entry(
+        "lmdpo", "LM DPO", "DPO for language models (offline, on preference pairs)",
+        help="DPO / IPO for language models on preference pairs (JSONL)",
+        description="Offline DPO on preference pairs (lmdpo.train_path: prompt or messages, "
+        "chosen, rejected), rendered with the model's chat template, against the frozen base "
+        "(lmdpo.loss: sigmoid with label smoothing, or ipo); held-out rewards and reward "
+        "accuracy (lmdpo.val_path).",
+        builder="posttrain.algorithm.lmdpo:make_objective", placement="policy_only",
+        reads="posttrain.algorithm.knobs:lmdpo_reads",
+        knobs="posttrain.algorithm.knobs:LMDPO_KNOBS",
+        online_reads=("model.tokenizer_path", "model.gradient_checkpointing",
+                      "model.init_preset", "model.lora_rank", "model.lora_alpha",
+                      "model.lora_target_modules", "rl.micro_batch_tokens"),
+        refused_note="LM DPO trains offline on lmdpo.train_path", sections=("lmdpo",),
+        rules="posttrain.control.lmdpo", max_policy_ranks=1, objective_flag=False,
+        data_keys=("lmdpo.train_path", "lmdpo.val_path"),
+        data_fix="point it at a JSONL file of preference pairs (docs/guides/preference.md)",
+        data_check="posttrain.entrypoints.lmdpo:check_data",
+    ),
 )  # fmt: skip
 
 _BY_NAME = {e.name: e for e in ENTRIES}
