@@ -68,6 +68,8 @@ SKIPPED = {
     "runs: their teacher is lag_s0_k0's final checkpoint (3,000 steps)",
     "python benchmarks/lag_learning.py outputs/grpo/lag_": "reads the learning check's runs above",
     "python benchmarks/lag_learning.py outputs/opd/lag_opd": "reads the learning check's OPD runs",
+    "python benchmarks/seeds.py": "seeds.md's sweeps: each seed a full demo run (hours of CPU in "
+    "all); tests/test_seeds_tool.py runs the tool on two seeds x three steps",
 }
 #: Command prefix -> (why it cannot run here as written, what runs in its place so that the
 #: commands after it have their inputs).

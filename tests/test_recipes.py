@@ -22,6 +22,7 @@ EXPECTED_WARNINGS = {
     "tools_addition_stage2": [],
     "tools_addition_notool_stage2": [],
     "tools_addition_reset": [],
+    "tools_addition_notool_reset": [],
     "arithmetic_clipped": [],
     "opd_arithmetic": [],
     "dpo_shapes": [],

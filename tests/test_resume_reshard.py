@@ -1,7 +1,7 @@
 """Resume across placements through the CLI (issue 33): the rank count, the sharding and the
 backend are where a run's steps execute, not what it is, so one run directory is continued a
-step at a time on 2 FSDP Ray ranks, 1, 2 again, one local process, 2 replicated Ray ranks and
-one local process again (each command resumes and trains its step once); a replicated
+step at a time on 2 FSDP Ray ranks, 1, one local process and 2 replicated Ray ranks (each
+command resumes and trains its step once: sharded 2 -> 1 -> unsharded -> replicated); a replicated
 checkpoint into sharded ranks, the one combination the checkpoint formats cannot load, is
 refused in one line naming the fix, and nothing in the run directory changes."""
 
@@ -25,7 +25,7 @@ FSDP = {"placement.backend": "ray", "placement.policy_sharding": "fsdp"}
 REPLICATED = {"placement.backend": "ray"}
 LOCAL = {"placement.backend": "local"}  # the Ray knobs are refused there: left at defaults
 #: (placement, ranks) of each command; command k trains step k + 2 (the first trains 1-2).
-PLACEMENTS = [(FSDP, 2), (FSDP, 1), (FSDP, 2), (LOCAL, 1), (REPLICATED, 2), (LOCAL, 1)]
+PLACEMENTS = [(FSDP, 2), (FSDP, 1), (LOCAL, 1), (REPLICATED, 2)]
 
 
 def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
@@ -75,8 +75,8 @@ def test_each_placement_resumes_the_last_and_trains_its_step_once(resumed):
     rows = [json.loads(x) for x in (cwd / RUN / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, len(PLACEMENTS) + 2))
     ckpts = cwd / RUN / "checkpoints"
-    assert (ckpts / "step_00000004" / "dcp").is_dir()  # the sharded formats were really used
-    assert not (ckpts / "step_00000007" / "dcp").exists()
+    assert (ckpts / "step_00000002" / "dcp").is_dir()  # the sharded formats were really used
+    assert not (ckpts / "step_00000005" / "dcp").exists()
 
 
 def test_a_changed_rank_count_warns_that_rounding_may_differ(resumed):
@@ -92,6 +92,6 @@ def test_a_replicated_checkpoint_into_sharded_ranks_is_refused_in_one_line(resum
     err = refused.stderr.strip().splitlines()[-1]
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert err.startswith("posttrain: error: ResumeError: ") and "cannot be resharded" in err
-    assert "step_00000007 is a replicated checkpoint" in err, err
+    assert "step_00000005 is a replicated checkpoint" in err, err
     assert "resume it with placement.policy_sharding=none" in err
     assert sorted(p.name for p in (cwd / RUN).rglob("*")) == before
