@@ -70,11 +70,11 @@ def _caches(tmp_path_factory):
             os.environ[k] = v
 
 
-def build_model_dir(out: Path, seed: int) -> Path:
-    """A tiny Llama over the arithmetic alphabet that vLLM's CPU kernels accept (head_dim 32),
-    tied embeddings (so the ``lm_head`` trap is exercised), with the char-level tokenizer."""
+def build_model_dir(out: Path, seed: int, heads: int = 2) -> Path:
+    """A tiny Llama over the arithmetic alphabet that vLLM's CPU kernels accept (head_dim 32 with
+    2 heads), tied embeddings (so the ``lm_head`` trap is exercised), char-level tokenizer."""
     values = preset_config("arith")
-    values.update(hidden_size=64, num_attention_heads=2, num_key_value_heads=2,
+    values.update(hidden_size=64, num_attention_heads=heads, num_key_value_heads=heads,
                   intermediate_size=128, tie_word_embeddings=True, max_position_embeddings=64)  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -182,7 +182,8 @@ def test_an_incomplete_sync_is_refused_in_one_line(engine, folders):
 def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, folders):
     opts = [
         f"job.output_root={tmp_path / 'out'}", f"model.name_or_path={folders[0]}",
-        "rollout.engine=vllm", "rollout.dtype=float32", "rl.rollout_is_cap=2.0",
+        "rollout.engine=vllm", "rollout.dtype=float32", "rl.grpo_surrogate=clipped",
+        "rl.rollout_is_cap=2.0",
         "data.train_size=40", "data.val_size=4", "data.prompts_per_step=4", "rollout.n=4",
         "rollout.max_tokens=4", "rl.max_steps=3", "rl.save_every=3", "rl.eval_every=3",
         "rl.micro_batch_size=8", "logging.progress=false",
@@ -196,3 +197,13 @@ def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, fo
     assert all(0 <= g <= LOGPROB_BOUND for g in gaps), gaps
     assert all(r["sync/bytes"] > 0 for r in steps)  # full weights after every update
     assert "val/accuracy" in rows[-1]
+
+
+def test_a_head_size_vllms_cpu_attention_does_not_take_is_one_line(tmp_path):
+    folder = build_model_dir(tmp_path / "heads8", seed=0, heads=8)  # head_dim 8
+    model, tokenizer = load_policy(folder)
+    with pytest.raises(RoleFailedError) as info:
+        VllmRolloutEngine(model, tokenizer, weights_from=folder, options=OPTIONS)
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("rollout.engine=vllm: start failed in vLLM: ")
+    assert "the model's attention head size is 8, which vLLM's CPU attention does not take" in text

@@ -197,8 +197,10 @@ class VllmRolloutEngine:
                 "TORCHINDUCTOR_CACHE_DIR": str(Path(workdir) / "inductor"),
             }
             self.process = VllmProcess(llm, env, workdir)
-        except BaseException:
-            shutil.rmtree(workdir, ignore_errors=True)
+        except BaseException:  # the log stays (the error names it); the weights' copy goes
+            shutil.rmtree(Path(workdir) / "model", ignore_errors=True)
+            if not (Path(workdir) / "vllm.log").exists():
+                shutil.rmtree(workdir, ignore_errors=True)
             raise
         self.max_model_len = int(self.process.ready["max_model_len"])
         self.vocab_size = int(self.process.ready["vocab_size"])

@@ -63,15 +63,16 @@ def missing_vllm_message() -> str:
 
 
 def _stop(proc: subprocess.Popen, workdir: str | None) -> None:
-    """End the child and the engine-core processes it started (one process group)."""
+    """End the child and every process it started (its own process group: vLLM's engine core),
+    also those a dead child left behind."""
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
     if workdir:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -118,7 +119,12 @@ class VllmProcess:
 
     def _accept(self, listener: Listener) -> Connection:
         got: list[Connection] = []
-        thread = threading.Thread(target=lambda: got.append(listener.accept()), daemon=True)
+
+        def accept() -> None:
+            with contextlib.suppress(OSError):  # the listener closed: the child never came
+                got.append(listener.accept())
+
+        thread = threading.Thread(target=accept, daemon=True)
         thread.start()
         deadline = time.monotonic() + START_TIMEOUT_S
         while not got:

@@ -22,6 +22,7 @@ after the model has loaded, is ``{"ok": True, "vllm": version, "max_model_len": 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -115,11 +116,43 @@ def _serve(conn, llm) -> None:
         conn.send(reply)
 
 
+def unsupported_head_size(model_dir: str) -> str | None:
+    """Why vLLM's CPU attention cannot run the model in ``model_dir`` (its head size), or None.
+
+    Checked before vLLM starts, because vLLM refuses it inside its engine-core process, where
+    the reason reaches the driver only as "Engine core initialization failed"."""
+    try:
+        from vllm.platforms import current_platform
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:  # another vLLM release: let vLLM itself decide
+        return None
+    if not current_platform.is_cpu():
+        return None
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    head = config.get("head_dim") or (hidden // heads if heads and hidden else None)
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head is None or head in sizes:
+        return None
+    return (
+        f"the model's attention head size is {head}, which vLLM's CPU attention does not take "
+        f"(it takes {', '.join(map(str, sizes))}); use such a model or rollout.engine=torch"
+    )
+
+
 def main() -> None:
     host, port = os.environ["POSTTRAIN_VLLM_ADDRESS"].rsplit(":", 1)
     authkey = bytes.fromhex(sys.stdin.readline().strip())
     conn = Client((host, int(port)), authkey=authkey)
     options = conn.recv()  # the LLM keywords the driver resolved
+    refused = unsupported_head_size(options["model"])
+    if refused is not None:
+        conn.send({"ok": False, "error": refused})
+        return
     try:
         from vllm import LLM, __version__
 
