@@ -22,8 +22,9 @@ class VllmConfig(Section):
     kv_cache_space_gib: float = Field(
         1.0,
         gt=0,
-        description="KV-cache memory vLLM's CPU build reserves, in GiB (its "
-        "`VLLM_CPU_KVCACHE_SPACE`); bounds how many tokens of all running rows it holds at once.",
+        description="KV-cache memory vLLM reserves, in GiB (its `kv_cache_memory_bytes`; "
+        "`VLLM_CPU_KVCACHE_SPACE` in the environment is ignored); bounds how many tokens of all "
+        "running rows it holds at once.",
     )
     max_model_len: int | None = Field(
         None,

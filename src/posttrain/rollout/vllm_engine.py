@@ -187,12 +187,12 @@ class VllmRolloutEngine:
                 "enforce_eager": options.enforce_eager,
                 "enable_prefix_caching": options.enable_prefix_caching,
                 "max_model_len": options.max_model_len,
+                "kv_cache_memory_bytes": int(options.kv_cache_space_gib * 2**30),
                 "logprobs_mode": "processed_logprobs",
                 "generation_config": "vllm",  # no sampling defaults from the model folder
                 "seed": 0,
             }
             env = {
-                "VLLM_CPU_KVCACHE_SPACE": f"{options.kv_cache_space_gib:g}",
                 "VLLM_CACHE_ROOT": str(Path(workdir) / "cache"),
                 "TORCHINDUCTOR_CACHE_DIR": str(Path(workdir) / "inductor"),
             }

@@ -39,6 +39,9 @@ PYTHON_ENV = "POSTTRAIN_VLLM_PYTHON"
 #: How long the model may take to load before the start counts as hung.
 START_TIMEOUT_S = 900.0
 NAME = "rollout.engine=vllm"
+#: The driver's variables the child must not see: its import path (posttrain's packages), and
+#: vLLM's legacy KV-space variable, which would override ``vllm.kv_cache_space_gib``.
+_NOT_INHERITED = ("PYTHONPATH", PYTHON_ENV, "VLLM_CPU_KVCACHE_SPACE")
 
 
 def vllm_python() -> Path | None:
@@ -94,7 +97,7 @@ class VllmProcess:
         authkey = os.urandom(32)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
         host, port = listener.address
-        child_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", PYTHON_ENV)}
+        child_env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
         child_env.update(env)
         child_env.update(PYTHONPATH=str(WORKER_DIR), POSTTRAIN_VLLM_ADDRESS=f"{host}:{port}")
         with open(self.log_path, "ab") as log:
