@@ -108,8 +108,9 @@ class VllmProcess:
             )  # fmt: skip
         self._finalizer = weakref.finalize(self, _stop, self.proc, None)
         assert self.proc.stdin is not None
-        self.proc.stdin.write(authkey.hex().encode() + b"\n")
-        self.proc.stdin.close()
+        with contextlib.suppress(BrokenPipeError):  # a child that died at once: said below
+            self.proc.stdin.write(authkey.hex().encode() + b"\n")
+            self.proc.stdin.close()
         try:
             self.conn = self._accept(listener)
             self.conn.send(options)
