@@ -35,10 +35,11 @@ from posttrain.placement.weight_sync import WeightSink, WeightSource
 from posttrain.rollout.vllm_engine import VllmOptions, VllmRolloutEngine
 from posttrain.rollout.vllm_process import missing_vllm_message, vllm_python
 
-#: vLLM's float32 processed log-probs vs the trainer's float32 forward, any sampled token. The
-#: measured maximum on this model is far below (see the test); kernels differ (oneDNN GEMMs,
-#: vLLM's paged attention), so equality is not expected.
-LOGPROB_BOUND = 1e-4
+#: vLLM's float32 processed log-probs vs the trainer's float32 forward, any sampled token: 10x
+#: the largest gap measured on this model (4.8e-7, mean 1.2e-7 over 207 tokens at T=0.7; the
+#: GRPO run's steps the same). The kernels differ (oneDNN GEMMs, vLLM's paged attention), so
+#: equality is not expected.
+LOGPROB_BOUND = 5e-6
 OPTIONS = VllmOptions(dtype="float32", kv_cache_space_gib=1.0, enforce_eager=True)
 PROMPTS = [[1, 5, 6, 12, 7, 14], [1, 8, 12, 9, 14], [1, 5, 6, 12, 7, 14], [1, 13, 13, 12, 4, 14]]
 
@@ -107,7 +108,8 @@ def test_processed_logprobs_agree_with_the_trainers_forward_at_temperature_07(en
         trainer = response_logprobs(model, b, temperature=0.7)
     m = b.response_mask
     gap = (trainer - b.rollout_logprobs).abs()[m]
-    raw = response_logprobs(model, b, temperature=1.0)
+    with torch.no_grad():
+        raw = response_logprobs(model, b, temperature=1.0)
     print(f"vLLM vs trainer at T=0.7: max {gap.max():.2e}, mean {gap.mean():.2e}, {m.sum()} tokens")
     assert float(gap.max()) <= LOGPROB_BOUND
     assert float((raw - b.rollout_logprobs).abs()[m].max()) > 100 * LOGPROB_BOUND  # not raw
