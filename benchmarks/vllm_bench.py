@@ -2,11 +2,13 @@
 
     python benchmarks/vllm_bench.py                     # the ``small`` preset's shape
     python benchmarks/vllm_bench.py --shape smollm2     # SmolLM2-135M's shape (random weights)
+    python benchmarks/vllm_bench.py --dtype bfloat16    # both engines sample in bf16
     python benchmarks/vllm_bench.py --json vllm.json
 
 Random weights of a Llama shape (``small``: hidden 512, 8 layers, 8 heads of 64, vocab 99,
 25M parameters; ``smollm2``: SmolLM2-135M's, hidden 576, 30 layers, 9/3 heads of 64, vocab
-49152), float32, the same prompts and sampling for both engines, stop tokens off so every row
+49152), in ``--dtype`` (float32 by default; the torch engine samples with a copy in that dtype),
+the same prompts and sampling for both engines, stop tokens off so every row
 runs to ``--new`` tokens. Each engine's rollout is timed after one warm-up call (median of
 ``--repeats``). vLLM runs eager with ``--kv-gib`` of KV space (``rollout.engine=vllm``'s
 defaults); its load (process start to first reply) is reported apart. The sync is what a run
@@ -19,6 +21,7 @@ does after every update: every weight through ``WeightSource`` buckets of
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import tempfile
@@ -72,6 +75,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the torch engine")
     ap.add_argument("--kv-gib", type=float, default=1.0)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--sync-mb", type=float, default=256.0, help="bucket size of the sync")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -88,13 +92,14 @@ def main() -> None:
         folder = Path(tmp) / "model"
         model = build_model(shape, folder)
         out["parameters"] = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-        torch_engine = build_engine("torch", model, stop_token_ids=[], pad_token_id=0)
+        sampler = model if args.dtype == "float32" else copy.deepcopy(model).to(torch.bfloat16)
+        torch_engine = build_engine("torch", sampler, stop_token_ids=[], pad_token_id=0)
         seconds = timed(lambda: torch_engine.generate(prompts, **kw), args.repeats)
         out["torch_tok_s"] = tokens / seconds
         t0 = time.perf_counter()
         engine = build_engine(
             "vllm", model, None, stop_token_ids=[], pad_token_id=0, weights_from=folder,
-            options=VllmOptions(dtype="float32", kv_cache_space_gib=args.kv_gib),
+            options=VllmOptions(dtype=args.dtype, kv_cache_space_gib=args.kv_gib),
         )  # fmt: skip
         out["vllm_load_s"] = time.perf_counter() - t0
         try:
