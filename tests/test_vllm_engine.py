@@ -181,6 +181,20 @@ def test_an_incomplete_sync_is_refused_in_one_line(engine, folders):
         receiver.end()
 
 
+def _vllm_children() -> set[int]:
+    """This process's children that run the vLLM worker module."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"posttrain_vllm_worker" in cmdline:
+            found.add(int(stat.parent.name))
+    return found
+
+
 def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, folders):
     opts = [
         f"job.output_root={tmp_path / 'out'}", f"model.name_or_path={folders[0]}",
@@ -191,7 +205,9 @@ def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, fo
         "rl.micro_batch_size=8", "logging.progress=false",
     ]  # fmt: skip
     config = load_config("arithmetic", ["--", *opts])
+    before = _vllm_children()
     summary = grpo.run(config, "arithmetic", opts, grpo.default_out_dir(config))
+    assert _vllm_children() == before  # the run ended its vLLM process
     rows = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").open()]
     steps = [r for r in rows if "train/loss" in r]
     assert len(steps) == 3
