@@ -6,7 +6,9 @@ tiny Llama over the arithmetic alphabet with head_dim 32 (vLLM's CPU attention t
 32, 64, ...; the tiny presets' 8 and 12 it refuses). Checked here: vLLM's processed log-probs
 agree with the trainer's own float32 forward at T=0.7 (the bound below); a bucketed sync through
 the weight sink gives exactly (bit for bit) the samples of a fresh engine started from the new
-weights, and of that engine only (the tied ``lm_head`` repacked, the prefix cache dropped); a
+weights (not yet a test of the two traps themselves: it also passed with the ``lm_head``
+repack removed, and with the prefix-cache reset removed, since these prompts fill no 32-token
+KV block and this tiny tied head showed no stale weights); a
 GRPO run samples with the engine and publishes ``train/rollout/logprob_abs_diff``; a dead vLLM
 process is one line naming the engine. Outside CI, without the environment, they are skipped;
 in CI (``CI`` set) that is a failure.
