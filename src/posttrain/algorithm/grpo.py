@@ -58,6 +58,7 @@ GRPO_METRICS = {
     "entropy_proxy": "pg/neg_logprob_mean",
     "entropy": "pg/entropy",
     "rollout_logprob_abs_diff": "rollout/logprob_abs_diff",
+    "rollout_logprob_abs_diff_max": "rollout/logprob_abs_diff_max",
     "rollout_is_weight_mean": "rollout/is_weight_mean",
     "rollout_is_weight_max": "rollout/is_weight_max",
     "rollout_is_truncated_frac": "rollout/is_truncated_frac",
@@ -65,7 +66,9 @@ GRPO_METRICS = {
 
 
 #: Metrics that are not token/sequence means (everything else is a weighted mean).
-GRPO_REDUCTIONS = {"ratio_min": "min", "ratio_max": "max"}
+GRPO_REDUCTIONS = {
+    "ratio_min": "min", "ratio_max": "max", "rollout_logprob_abs_diff_max": "max",
+}  # fmt: skip
 #: The GRPO surrogates' own (OPD shares GRPO_REDUCTIONS but reports no importance weight).
 SURROGATE_REDUCTIONS = {**GRPO_REDUCTIONS, "rollout_is_weight_max": "max"}
 

@@ -45,8 +45,8 @@ from posttrain.data.logprobs import response_logits, response_logprobs, token_lo
 from posttrain.data.trajectory import TrajectoryBatch
 
 _SAMPLER_GAP = (
-    "rollout_logprob_abs_diff", "rollout_is_weight_mean", "rollout_is_weight_max",
-    "rollout_is_truncated_frac",
+    "rollout_logprob_abs_diff", "rollout_logprob_abs_diff_max", "rollout_is_weight_mean",
+    "rollout_is_weight_max", "rollout_is_truncated_frac",
 )  # fmt: skip
 _PG_DIAGNOSTICS = (
     "clip_frac_low", "clip_frac_high", "dual_clip_frac", "ratio_mean", "ratio_min", "ratio_max",

@@ -19,6 +19,7 @@ from posttrain.config.sections import (
 )
 from posttrain.config.sft import SFTConfig
 from posttrain.config.teacher import TeacherConfig
+from posttrain.config.vllm import VllmConfig
 
 
 class PosttrainConfig(Section):
@@ -39,6 +40,9 @@ class PosttrainConfig(Section):
     dpo: DPOConfig = Field(default_factory=DPOConfig, description="Diffusion DPO.")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="Supervised fine-tuning.")
     lmdpo: LMDPOConfig = Field(default_factory=LMDPOConfig, description="DPO for language models.")
+    vllm: VllmConfig = Field(
+        default_factory=VllmConfig, description="vLLM's engine settings (rollout.engine=vllm)."
+    )
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="Role placement."
     )

@@ -250,11 +250,14 @@ class RolloutConfig(Section):
         "divisor of `rl.loss_type=seq-mean-token-sum-fixed`. Strict positive integer (bool, "
         "fractional, zero and negative values are rejected).",
     )
-    engine: Literal["torch", "static"] = Field(
+    engine: Literal["torch", "static", "vllm"] = Field(
         "torch",
         description="Sampling engine. `torch`: HF forwards with a growing KV cache, finished "
         "rows dropped (fastest on the CPU). `static`: fixed KV buffers and a decode step without "
-        "host syncs, captured as CUDA graphs on a GPU (Llama-family models only; eager on CPU).",
+        "host syncs, captured as CUDA graphs on a GPU (Llama-family models only; eager on CPU). "
+        "`vllm`: vLLM in its own process and environment (`make install-vllm`; settings in the "
+        "`vllm` section), full weights reloaded after every update; single-turn, local "
+        "placement, no LoRA, no lag (docs/guides/vllm.md).",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",

@@ -13,6 +13,7 @@ from posttrain.control import (
     reads,
     reset,
     temperature,
+    vllm,
 )
 from posttrain.control.rules import PreflightError, Rule
 from posttrain.entrypoints.registry import ENTRIES, load
@@ -28,6 +29,7 @@ RULES: tuple[Rule, ...] = (
     *lag.RULES,
     *reset.RULES,
     *external.RULES,
+    *vllm.RULES,
     *entries.RULES,
     *(rule for e in ENTRIES if e.rules for rule in load(e.rules).RULES),
 )

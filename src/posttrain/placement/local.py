@@ -22,6 +22,7 @@ from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, 
 from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
 from posttrain.placement.threads import set_torch_threads
 from posttrain.placement.weight_sync import wire_bytes
+from posttrain.rollout.registry import engine_capabilities
 
 log = logging.getLogger("posttrain")
 
@@ -55,6 +56,7 @@ class LocalRoles:
 
     def close(self) -> None:
         self.reward.close_tools()
+        self.rollout.close()
         if self.deadlines is not None:
             self.deadlines.close()
 
@@ -77,8 +79,10 @@ def place_local(
     device = resolve_device(cfg.placement.device)
     policy = PolicyRole(cfg, build_objective_fn, run_dir, device=str(device))
     dtype, why = rollout_dtype_and_why(cfg.rollout.dtype, device)
-    # float32 samples with the policy module itself; another dtype needs the engine's own copy.
-    shared = policy.model if dtype == "float32" else None
+    # float32 samples with the policy module itself; another dtype, or an engine in a process
+    # of its own (vLLM), needs the engine's own copy.
+    in_process = engine_capabilities(cfg.rollout.engine).in_process
+    shared = policy.model if dtype == "float32" and in_process else None
     rollout = RolloutRole(cfg, model=shared, device=str(device))
     inside = needs_reference(cfg) and not reference_on_data(cfg)  # else a declared role
     ref = f", reference on {device} ({cfg.model.dtype})" if inside else ""
@@ -87,7 +91,8 @@ def place_local(
         "placement: policy on %s (float32 master, %s compute)%s%s, rollout on %s (%s%s%s); "
         "%d torch thread(s)", device, cfg.model.dtype, ref, others, device, dtype,
         f", {why}" if why else "",
-        ", shares the policy module" if shared is not None else ", own copy",
+        ", shares the policy module" if shared is not None
+        else ", own copy" if in_process else f", rollout.engine={cfg.rollout.engine}, own process",
         cfg.placement.torch_threads_per_process,
     )  # fmt: skip
     # Every role call runs under placement.role_call_timeout_s (a hung reward function fails

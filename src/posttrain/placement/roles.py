@@ -38,7 +38,7 @@ from posttrain.reward import RewardStage
 from posttrain.reward.stage import RewardResult, RowScores
 from posttrain.rollout.base import Rollout
 from posttrain.rollout.multiturn import env_metrics
-from posttrain.rollout.registry import build_engine
+from posttrain.rollout.registry import build_engine, engine_capabilities
 from posttrain.trainer import CheckpointManager, LLMTrainer, ResumeState
 from posttrain.trainer import distributed as dp
 
@@ -183,6 +183,12 @@ class RolloutRole:
     ) -> None:
         self.config = cfg = config
         own = model is None
+        if not engine_capabilities(cfg.rollout.engine).in_process:
+            if not own:
+                raise ValueError(f"rollout.engine={cfg.rollout.engine} cannot share a module")
+            self.engine, self.tokenizer = _out_of_process_engine(cfg, device)
+            self.sink = WeightSink(self.engine)
+            return
         if own:
             dtype = rollout_dtype(cfg.rollout.dtype, device)
             model, tokenizer = load_policy(
@@ -236,6 +242,12 @@ class RolloutRole:
     def shares(self, module: nn.Module) -> bool:
         """Whether the engine samples with ``module`` itself (in-process: a sync copies nothing)."""
         return self.engine.shares(module)
+
+    def close(self) -> None:
+        """An engine with a process of its own (vLLM) ends it; in-process engines hold none."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
 
     def sync(self, weights: nn.Module | Mapping[str, Any], final: bool = True) -> int:
         """Take the policy module itself (in-process sharing), or one bucket of a sync
@@ -337,6 +349,28 @@ def _adapted_base(cfg: PosttrainConfig, model: nn.Module, dtype: str, device) ->
         source, _ = load_policy(cfg.model.name_or_path, None, "float32", device)
     names = adapted_modules(source, cfg.model.lora_target_modules)
     return {n: source.get_submodule(n).weight.detach().clone() for n in names}
+
+
+def _out_of_process_engine(cfg: PosttrainConfig, device: str | None):
+    """An engine in its own process (``rollout.engine=vllm``): the policy's architecture as a
+    meta-device skeleton (weight names and ties; no weights read here), the tokenizer, and the
+    engine loading the model folder itself; the run's first sync sends the policy's weights."""
+    from posttrain.rollout.vllm_engine import VllmOptions
+
+    skeleton, tokenizer = load_policy(
+        cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", None, skeleton=True
+    )
+    v = cfg.vllm
+    options = VllmOptions(
+        dtype=rollout_dtype(cfg.rollout.dtype, device), kv_cache_space_gib=v.kv_cache_space_gib,
+        max_model_len=v.max_model_len, enforce_eager=v.enforce_eager,
+        enable_prefix_caching=v.enable_prefix_caching,
+    )  # fmt: skip
+    engine = build_engine(
+        cfg.rollout.engine, skeleton, tokenizer, weights_from=cfg.model.name_or_path,
+        options=options,
+    )  # fmt: skip
+    return engine, tokenizer
 
 
 def _load_tokenizer(cfg: PosttrainConfig):

@@ -14,6 +14,7 @@ _EXPORTS = {
     "Rollout": "posttrain.rollout.base",
     "RolloutEngine": "posttrain.rollout.base",
     "TorchRolloutEngine": "posttrain.rollout.torch_engine",
+    "VllmRolloutEngine": "posttrain.rollout.vllm_engine",
     "WeightReceiver": "posttrain.rollout.base",
     "build_engine": "posttrain.rollout.registry",
     "sample_tokens": "posttrain.rollout.sampling",

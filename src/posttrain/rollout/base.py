@@ -148,6 +148,45 @@ class RolloutEngine(Protocol):
         ...
 
 
+def _as_id_list(value) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+def stop_and_pad_ids(
+    model: nn.Module,
+    tokenizer=None,
+    stop_token_ids: Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+) -> tuple[tuple[int, ...], int]:
+    """An engine's stop ids (given, else the tokenizer's, the generation config's and the model
+    config's EOS ids) and pad id (given, else the tokenizer's, the config's, the first stop id):
+    one rule, so every engine over the same model stops at the same ids."""
+    config = model.config
+    if stop_token_ids is None:
+        ids = _as_id_list(getattr(tokenizer, "eos_token_id", None))
+        gen = getattr(model, "generation_config", None)
+        ids += _as_id_list(getattr(gen, "eos_token_id", None))
+        ids += _as_id_list(getattr(config, "eos_token_id", None))
+        if not ids:
+            raise ValueError(
+                "no EOS token id found on the tokenizer or model config; pass "
+                "stop_token_ids explicitly (an empty list samples to max_tokens)"
+            )
+        stop_token_ids = ids
+    stops = tuple(dict.fromkeys(int(i) for i in stop_token_ids))
+    if pad_token_id is None:
+        pad_token_id = getattr(tokenizer, "pad_token_id", None)
+    if pad_token_id is None:
+        pad_token_id = getattr(config, "pad_token_id", None)
+    if pad_token_id is None:
+        pad_token_id = stops[0] if stops else 0
+    return stops, int(pad_token_id)
+
+
 def check_generate_args(
     prompts: Sequence[Sequence[int]],
     n: int,

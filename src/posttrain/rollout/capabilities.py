@@ -3,6 +3,9 @@
 ``multi_turn``: the engine implements ``generate_turns`` (multi-turn environments need it).
 ``logprobs``: the semantics of the log-probs it returns; ``processed`` (the only one a rollout
 accepts) is the log-prob of the distribution actually sampled, after temperature and top-p.
+``in_process``: the engine samples with a torch module in the caller's process, so it can share
+the policy module (a float32 local run then syncs nothing); else it holds its own copy
+elsewhere and every sync sends the weights.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ class EngineCapabilities:
 
     multi_turn: bool
     logprobs: LogprobSemantics
+    in_process: bool = True
 
 
 TORCH = EngineCapabilities(multi_turn=True, logprobs="processed")
 STATIC = EngineCapabilities(multi_turn=False, logprobs="processed")
+VLLM = EngineCapabilities(multi_turn=False, logprobs="processed", in_process=False)

@@ -27,6 +27,7 @@ class EngineEntry:
 ENGINES: dict[str, EngineEntry] = {
     "torch": EngineEntry("posttrain.rollout.torch_engine:TorchRolloutEngine", caps.TORCH),
     "static": EngineEntry("posttrain.rollout.graph_engine:GraphRolloutEngine", caps.STATIC),
+    "vllm": EngineEntry("posttrain.rollout.vllm_engine:VllmRolloutEngine", caps.VLLM),
 }
 
 

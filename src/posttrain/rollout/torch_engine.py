@@ -22,19 +22,12 @@ from posttrain.rollout.base import (
     assemble_rollout,
     check_generate_args,
     left_pad,
+    stop_and_pad_ids,
 )
 from posttrain.rollout.capabilities import TORCH
 from posttrain.rollout.continuation import TurnSession
 from posttrain.rollout.kv_cache import rollout_cache
 from posttrain.rollout.sampling import check_sampling_args, sample_tokens
-
-
-def _as_id_list(value) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
 
 
 def distinct_prompts(prompts: list[list[int]], n: int) -> tuple[list[list[int]], Tensor]:
@@ -110,26 +103,9 @@ class TorchRolloutEngine:
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        config = model.config
-        if stop_token_ids is None:
-            ids = _as_id_list(getattr(tokenizer, "eos_token_id", None))
-            gen = getattr(model, "generation_config", None)
-            ids += _as_id_list(getattr(gen, "eos_token_id", None))
-            ids += _as_id_list(getattr(config, "eos_token_id", None))
-            if not ids:
-                raise ValueError(
-                    "no EOS token id found on the tokenizer or model config; pass "
-                    "stop_token_ids explicitly (an empty list samples to max_tokens)"
-                )
-            stop_token_ids = ids
-        self.stop_token_ids = tuple(dict.fromkeys(int(i) for i in stop_token_ids))
-        if pad_token_id is None:
-            pad_token_id = getattr(tokenizer, "pad_token_id", None)
-        if pad_token_id is None:
-            pad_token_id = getattr(config, "pad_token_id", None)
-        if pad_token_id is None:
-            pad_token_id = self.stop_token_ids[0] if self.stop_token_ids else 0
-        self.pad_token_id = int(pad_token_id)
+        self.stop_token_ids, self.pad_token_id = stop_and_pad_ids(
+            model, tokenizer, stop_token_ids, pad_token_id
+        )
         if max_rows is not None and max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.max_rows = max_rows

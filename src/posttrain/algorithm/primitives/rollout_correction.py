@@ -44,6 +44,13 @@ def logprob_abs_diff(logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -
     return diff.sum() / m.sum().clamp(min=1)
 
 
+def logprob_abs_diff_max(logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Largest ``|logprobs - rollout_logprobs|`` over masked tokens (0 for an empty mask): the
+    worst token, which a mean over thousands hides."""
+    m = as_bool_mask(mask, tuple(logprobs.shape))
+    return torch.where(m, (logprobs.detach() - rollout_logprobs.detach()).abs(), 0.0).max()
+
+
 def correct_for_the_sampler(
     per_token: Tensor,
     old_logprobs: Tensor,
@@ -53,7 +60,8 @@ def correct_for_the_sampler(
     metrics: dict[str, Tensor],
 ) -> Tensor:
     """``per_token`` weighted by :func:`truncated_is_weights` when ``cap > 0`` (unchanged when
-    0), with the gap and weight metrics (``rollout_logprob_abs_diff``, ``rollout_is_weight_mean``,
+    0), with the gap and weight metrics (``rollout_logprob_abs_diff`` and its ``_max``,
+    ``rollout_is_weight_mean``,
     ``_max``, ``rollout_is_truncated_frac``) added to ``metrics``. One rule for every loss whose
     samples may come from other weights (``rollout.dtype``, ``rl.off_policy_lag``)."""
     if rollout_logprobs is None:
@@ -63,6 +71,9 @@ def correct_for_the_sampler(
             )
         return per_token
     metrics["rollout_logprob_abs_diff"] = logprob_abs_diff(old_logprobs, rollout_logprobs, mask)
+    metrics["rollout_logprob_abs_diff_max"] = logprob_abs_diff_max(
+        old_logprobs, rollout_logprobs, mask
+    )
     if not cap > 0:
         return per_token
     w = truncated_is_weights(old_logprobs, rollout_logprobs, mask, cap)

@@ -1,0 +1,120 @@
+"""Preflight for ``rollout.engine=vllm``: its environment, its section, and what it does not
+compose with yet (each refused in one line rather than half-supported).
+
+The engine is single-turn (its capabilities say so; ``control/external.py`` refuses an
+environment), samples in a process of its own under local placement, and takes full weights
+after every update. Ray placement, LoRA adapter syncs, a lag and the non-GRPO online entries
+are not built for it; the ``vllm`` section is read only with it.
+"""
+
+from __future__ import annotations
+
+from posttrain.config.schema import PosttrainConfig
+from posttrain.control.reads import reads_or_none
+from posttrain.control.rules import are, changed, error, objective_family, warning
+
+_KNOBS = ("kv_cache_space_gib", "max_model_len", "enforce_eager", "enable_prefix_caching")
+
+
+def _on(cfg: PosttrainConfig) -> bool:
+    return cfg.rollout.engine == "vllm"
+
+
+@error("rollout.engine", *(f"vllm.{k}" for k in _KNOBS))
+def vllm_section_needs_the_engine(cfg: PosttrainConfig) -> str | None:
+    """The ``vllm`` section configures vLLM's engine; with another engine nothing reads it."""
+    knobs = changed(cfg.vllm, *_KNOBS)
+    if _on(cfg) or not knobs:
+        return None
+    return (
+        f"{are(knobs)} read only with rollout.engine=vllm (got rollout.engine="
+        f"{cfg.rollout.engine}); set rollout.engine=vllm or remove them"
+    )
+
+
+@error("rollout.engine")
+def vllm_environment_exists(cfg: PosttrainConfig) -> str | None:
+    """vLLM lives in its own environment (``.venv-vllm``); without it the run could not start
+    its rollout process."""
+    if not _on(cfg):
+        return None
+    from posttrain.rollout.vllm_process import missing_vllm_message, vllm_python
+
+    return missing_vllm_message() if vllm_python() is None else None
+
+
+@error("rollout.engine", "placement.backend")
+def vllm_runs_under_local_placement(cfg: PosttrainConfig) -> str | None:
+    """The vLLM process is started by the rollout role of a local run; a Ray rollout actor
+    starting it (with its placement group and its CPUs) is not built."""
+    if not _on(cfg) or cfg.placement.backend == "local":
+        return None
+    return (
+        f"rollout.engine=vllm runs under placement.backend=local only (got "
+        f"placement.backend={cfg.placement.backend}); set placement.backend=local or "
+        "rollout.engine=torch"
+    )
+
+
+@error("rollout.engine", "model.lora_rank")
+def vllm_takes_full_weights(cfg: PosttrainConfig) -> str | None:
+    """The engine reloads full weights after every update; an adapter-only sync (vLLM's LoRA
+    path) is not built, and merging adapters into a full reload is not tested."""
+    if not _on(cfg) or not cfg.model.lora_rank:
+        return None
+    return (
+        f"rollout.engine=vllm takes full weights only, not a LoRA policy's adapters (got "
+        f"model.lora_rank={cfg.model.lora_rank}); set model.lora_rank=0 or rollout.engine=torch"
+    )
+
+
+@error("rollout.engine", "rl.off_policy_lag")
+def vllm_samples_in_step(cfg: PosttrainConfig) -> str | None:
+    """A lag samples on Ray while the policy trains; the vLLM engine runs in the sequential
+    local loop only."""
+    if not _on(cfg) or not cfg.rl.off_policy_lag:
+        return None
+    return (
+        f"rollout.engine=vllm samples in the sequential loop only (got rl.off_policy_lag="
+        f"{cfg.rl.off_policy_lag}); set rl.off_policy_lag=0 or rollout.engine=torch"
+    )
+
+
+@error("rollout.engine", "job.algorithm")
+def vllm_serves_grpo(cfg: PosttrainConfig) -> str | None:
+    """The engine is tested with the GRPO entry; OPD (a teacher scoring vLLM's samples) is not
+    yet, so it is refused rather than claimed."""
+    if not _on(cfg) or objective_family(cfg) == "grpo":
+        return None
+    return (
+        f"rollout.engine=vllm is built for the GRPO entry, not job.algorithm="
+        f"{cfg.job.algorithm}; use rollout.engine=torch"
+    )
+
+
+@warning("rollout.engine", "rl.rollout_is_cap")
+def vllm_without_is_correction(cfg: PosttrainConfig) -> str | None:
+    """vLLM samples with other kernels (and maybe bf16) than the trainer's forward that scores
+    π_old: the truncated importance weight corrects for the gap it publishes
+    (``train/rollout/logprob_abs_diff``)."""
+    reads = reads_or_none(cfg)
+    if not _on(cfg) or cfg.rl.rollout_is_cap > 0 or reads is None:
+        return None
+    if not reads.reads("rl.rollout_is_cap"):
+        return None
+    return (
+        "rl.rollout_is_cap=0 with rollout.engine=vllm: vLLM's log-probs differ from the "
+        "trainer's (float32: ~1e-5, bf16: up to ~0.4) and nothing corrects for it; set "
+        "rl.rollout_is_cap=2.0"
+    )
+
+
+RULES = (
+    vllm_section_needs_the_engine,
+    vllm_environment_exists,
+    vllm_runs_under_local_placement,
+    vllm_takes_full_weights,
+    vllm_samples_in_step,
+    vllm_serves_grpo,
+    vllm_without_is_correction,
+)

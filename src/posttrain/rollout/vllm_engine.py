@@ -1,0 +1,305 @@
+"""``rollout.engine=vllm``: sampling with vLLM in its own process and environment.
+
+vLLM pins a transformers release older than the package's, so it lives in ``.venv-vllm``
+(``make install-vllm``) and samples in a child process (``rollout/vllm_process.py``: the
+transport and why). This class is the driver's side, behind the same ``RolloutEngine``
+interface as the torch engine:
+
+- **Token ids in, sampled ids out, unchanged**: one ``TokensPrompt`` request per sample row,
+  ``n=1`` each, with a per-row seed drawn from the call's seed (a fixed seed gives the same
+  samples on every call and every engine instance in float32). vLLM runs with
+  ``logprobs_mode="processed_logprobs"``: the log-prob of each sampled id under the distribution
+  it was drawn from (after temperature and the top-p nucleus, renormalised; the same nucleus
+  rule as ``rollout.sampling``), stop id included; vLLM's default (``raw_logprobs``) would be
+  the log-prob before temperature. Greedy rows report 0, as the contract says. The only stop ids
+  are the engine's (``ignore_eos``: vLLM adds none of the tokenizer's); a row is truncated when
+  it ends without one.
+- **Weights**: :class:`VllmWeights` writes each bucket of a sync as HF-named safetensors in a
+  RAM folder (``/dev/shm``) and, at the end, asks vLLM to ``reload_weights`` from it, then packs
+  the tied ``lm_head`` again and drops the prefix cache: without those two steps vLLM on the CPU
+  keeps sampling with the startup ``lm_head`` and with KV computed from the old weights.
+- What it does not do is refused: multi-turn continuation (no ``generate_turns``), sharing the
+  policy module.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from posttrain.placement.errors import RoleFailedError
+from posttrain.rollout.base import (
+    Rollout,
+    assemble_rollout,
+    check_generate_args,
+    stop_and_pad_ids,
+)
+from posttrain.rollout.capabilities import VLLM
+from posttrain.rollout.sampling import check_sampling_args
+from posttrain.rollout.vllm_process import NAME, VllmProcess
+
+#: Seeds vLLM takes per request (a signed 64-bit range is safe for its torch generators).
+_SEED_RANGE = 2**62
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """The ``vllm`` section's knobs and the dtype, as the engine process receives them."""
+
+    dtype: str = "float32"
+    kv_cache_space_gib: float = 1.0
+    max_model_len: int | None = None
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+
+
+def _shm_dir() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+def weight_names(model: nn.Module) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Every state-dict name of ``model`` -> (its canonical name, its shape); tied tensors map to
+    the first name of their parameter (by identity, so a meta-device skeleton works too)."""
+    first: dict[int, str] = {}
+    out = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if not t.numel():
+            continue
+        out[name] = (first.setdefault(id(t), name), tuple(t.shape))
+    return out
+
+
+class VllmWeights:
+    """The engine's weight receiver: buckets become safetensors files; ``end`` reloads them."""
+
+    def __init__(self, engine: VllmRolloutEngine) -> None:
+        self._engine = engine
+        self._dir: str | None = None
+        self._sent: set[str] = set()
+        self._files = 0
+
+    def names(self) -> dict[str, str]:
+        return {k: canonical for k, (canonical, _) in self._engine.weights.items()}
+
+    def begin(self) -> None:
+        """Open a staging folder for this sync (RAM-backed where ``/dev/shm`` is writable)."""
+        self._discard()
+        self._dir = tempfile.mkdtemp(prefix="posttrain-vllm-sync-", dir=_shm_dir())
+
+    def load(self, weights: Mapping[str, Tensor]) -> None:
+        """Check the names and shapes, then write the bucket as one safetensors file."""
+        from safetensors.torch import save_file
+
+        table = self._engine.weights
+        for name, value in weights.items():
+            entry = table.get(name)
+            if entry is None or entry[1] != tuple(value.shape):
+                have = "no such weight" if entry is None else f"shape {entry[1]}"
+                raise ValueError(
+                    f"sync_weights: {name!r} {tuple(value.shape)} does not fit the engine's "
+                    f"model ({have}); send the policy's weights under the model's own names"
+                )
+        if self._dir is None:
+            self.begin()
+        bucket = {}
+        for name, value in weights.items():
+            canonical = table[name][0]
+            if canonical not in self._sent:  # a tied weight is written once, under its owner
+                self._sent.add(canonical)
+                bucket[canonical] = value.detach().to("cpu").contiguous()
+        if bucket:
+            assert self._dir is not None
+            save_file(bucket, os.path.join(self._dir, f"bucket-{self._files:05d}.safetensors"))
+            self._files += 1
+
+    def end(self) -> int:
+        """Every weight arrived: vLLM reloads them (then repacks ``lm_head``, resets its prefix
+        cache); the staging folder goes, the weight version moves on once."""
+        try:
+            if self._files:
+                expected = {c for c, _ in self._engine.weights.values()}
+                missing = sorted(expected - self._sent)
+                if missing:
+                    raise ValueError(
+                        f"weight sync: {len(missing)} weight(s) did not arrive (first: "
+                        f"{missing[0]}); {NAME} reloads full weights only"
+                    )
+                self._engine.last_reload_s = float(
+                    self._engine.process.call("reload", path=self._dir)["seconds"]
+                )
+        finally:
+            self._discard()
+        self._engine.weight_version += 1
+        return self._engine.weight_version
+
+    def _discard(self) -> None:
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        self._dir, self._sent, self._files = None, set(), 0
+
+
+class VllmRolloutEngine:
+    """Samples with vLLM in a child process (implements ``RolloutEngine``).
+
+    ``model``: the policy's architecture and weight names (a meta-device skeleton is enough
+    when ``weights_from`` names the HF folder vLLM loads at start); without ``weights_from`` the
+    module's own weights are written to the engine's work folder as float32 safetensors.
+    Call :meth:`close` (or let the engine be collected) to end the process.
+    """
+
+    capabilities = VLLM
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer=None,
+        *,
+        stop_token_ids: Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        weights_from: str | os.PathLike | None = None,
+        options: VllmOptions | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.options = options = options or VllmOptions()
+        self.stop_token_ids, self.pad_token_id = stop_and_pad_ids(
+            model, tokenizer, stop_token_ids, pad_token_id
+        )
+        self.weights = weight_names(model)
+        self.weight_version = 0
+        self.last_reload_s = 0.0
+        workdir = tempfile.mkdtemp(prefix="posttrain-vllm-")
+        try:
+            if weights_from is None:
+                weights_from = Path(workdir) / "model"
+                self._save(model, weights_from)
+            llm = {
+                "model": str(weights_from),
+                "skip_tokenizer_init": True,
+                "dtype": options.dtype,
+                "enforce_eager": options.enforce_eager,
+                "enable_prefix_caching": options.enable_prefix_caching,
+                "max_model_len": options.max_model_len,
+                "kv_cache_memory_bytes": int(options.kv_cache_space_gib * 2**30),
+                "logprobs_mode": "processed_logprobs",
+                "generation_config": "vllm",  # no sampling defaults from the model folder
+                "seed": 0,
+            }
+            env = {
+                "VLLM_CACHE_ROOT": str(Path(workdir) / "cache"),
+                "TORCHINDUCTOR_CACHE_DIR": str(Path(workdir) / "inductor"),
+            }
+            self.process = VllmProcess(llm, env, workdir)
+        except BaseException:  # the log stays (the error names it); the weights' copy goes
+            shutil.rmtree(Path(workdir) / "model", ignore_errors=True)
+            if not (Path(workdir) / "vllm.log").exists():
+                shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        self.max_model_len = int(self.process.ready["max_model_len"])
+        self.vocab_size = int(self.process.ready["vocab_size"])
+        self._receiver = VllmWeights(self)
+
+    @staticmethod
+    def _save(model: nn.Module, folder: Path) -> None:
+        if any(p.is_meta for p in model.parameters()):
+            raise ValueError(f"{NAME}: a meta-device model needs weights_from (its HF folder)")
+        state = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
+        model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+
+    def shares(self, module: nn.Module) -> bool:
+        return False  # vLLM holds its own copy, in another process
+
+    def weight_receiver(self) -> VllmWeights:
+        return self._receiver
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_tokens: int,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        group_ids: Sequence[int] | None = None,
+        group_id_offset: int = 0,
+        sample_id_offset: int = 0,
+    ) -> Rollout:
+        """``n`` responses per prompt; see ``RolloutEngine.generate``. Row ``b``'s seed is the
+        ``b``-th draw of ``generator`` (else of one seeded with ``seed``, else of torch's
+        global generator), so a row's sample depends on its seed, prompt and the weights."""
+        check_sampling_args(temperature, top_p)
+        prompts = check_generate_args(
+            prompts, n, max_tokens, self.vocab_size, group_ids, group_id_offset
+        )
+        longest = max(len(p) for p in prompts)
+        if longest + max_tokens > self.max_model_len:
+            raise ValueError(
+                f"{NAME}: a prompt of {longest} tokens plus rollout.max_tokens={max_tokens} "
+                f"exceeds vLLM's max model length {self.max_model_len}; raise "
+                "vllm.max_model_len (up to the model's) or shorten the prompts"
+            )
+        rows = len(prompts) * n
+        if generator is None and seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+        seeds = torch.randint(0, _SEED_RANGE, (rows,), generator=generator).tolist()
+        greedy = temperature == 0
+        params = [
+            {
+                "temperature": float(temperature),
+                "top_p": 1.0 if greedy else float(top_p),
+                "max_tokens": max_tokens,
+                "seed": int(s),
+                "stop_token_ids": self.stop_token_ids,
+            }  # fmt: skip
+            for s in seeds
+        ]
+        expanded = [p for p in prompts for _ in range(n)]
+        out = self.process.call("generate", prompts=expanded, params=params)["rows"]
+        width = max(len(ids) for ids, _, _ in out)
+        tokens = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
+        logprobs = torch.zeros((rows, width), dtype=torch.float32)
+        lengths = torch.zeros(rows, dtype=torch.long)
+        stopped = torch.zeros(rows, dtype=torch.bool)
+        stops = set(self.stop_token_ids)
+        for b, (ids, lps, reason) in enumerate(out):
+            ended = bool(ids) and ids[-1] in stops
+            if reason not in ("stop", "length") or (reason == "stop") != ended:
+                raise RoleFailedError(
+                    f"{NAME}: row {b} finished with reason {reason!r} after ids ending "
+                    f"{ids[-3:]} (stop ids {sorted(stops)}); vLLM stopped for a reason the "
+                    "engine did not ask for"
+                )
+            tokens[b, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            if not greedy:
+                logprobs[b, : len(ids)] = torch.as_tensor(lps, dtype=torch.float32)
+            lengths[b], stopped[b] = len(ids), ended
+        return assemble_rollout(
+            prompts, n, tokens, logprobs, lengths, stopped, pad_token_id=self.pad_token_id,
+            tokenizer=self.tokenizer, group_ids=group_ids, group_id_offset=group_id_offset,
+            sample_id_offset=sample_id_offset,
+        )  # fmt: skip
+
+    def generate_turns(self, requests, *, temperature: float, top_p: float, seed: int):
+        """Refused: this engine has no multi-turn continuation."""
+        raise ValueError(f"{NAME} has no multi-turn continuation; use rollout.engine=torch")
+
+    def end_turns(self) -> None:
+        """Nothing to free (no turn sessions)."""
+
+    def close(self) -> None:
+        """End the vLLM process (and its engine-core processes) and remove its work folder."""
+        self._receiver._discard()
+        self.process.close()
+
+    def describe(self) -> dict[str, object]:
+        """The options and what vLLM reported at start (for the placement log line)."""
+        return {**asdict(self.options), "vllm": self.process.ready.get("vllm")}

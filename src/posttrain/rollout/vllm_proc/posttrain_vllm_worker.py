@@ -1,0 +1,177 @@
+"""The vLLM side of ``rollout.engine=vllm``: one process under ``.venv-vllm``'s interpreter.
+
+Started by ``posttrain.rollout.vllm_engine`` as ``python -m posttrain_vllm_worker`` with this
+folder as its only ``PYTHONPATH`` entry, so it imports the standard library, vLLM and what
+vLLM's environment holds (torch, safetensors), never posttrain or its dependencies (pydantic,
+transformers' newer release). It connects back to the driver over
+``multiprocessing.connection`` (loopback TCP, an authkey read from stdin) and serves plain
+pickled dicts until told to close:
+
+- ``{"op": "generate", "prompts": [[ids]], "params": [{...}]}``: one request per row (the
+  driver expands ``n`` and picks each row's seed), ``TokensPrompt`` in; out, per row, the
+  sampled ids, the processed log-prob of each sampled id and vLLM's finish reason.
+- ``{"op": "reload", "path": dir}``: full weights from the HF-named safetensors files in
+  ``dir`` (``reload_weights``), then the two steps vLLM leaves out on the CPU: the tied
+  ``lm_head`` is packed again from the new embedding, and the prefix cache is dropped.
+- ``{"op": "close"}``.
+
+Every reply is ``{"ok": True, ...}`` or ``{"ok": False, "error": one line}``. The first message,
+after the model has loaded, is ``{"ok": True, "vllm": version, "max_model_len": ...,
+"vocab_size": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from multiprocessing.connection import Client
+from typing import Any
+
+
+class PosttrainWorkerExtension:
+    """Mixed into vLLM's worker (``worker_extension_cls``): the repack step after a reload."""
+
+    def posttrain_repack_lm_head(self) -> int:
+        """Pack every ``ParallelLMHead`` again from its current weight.
+
+        On the CPU vLLM packs each GEMM weight (oneDNN / SGL kernels) after loading; a reload
+        packs each layer it loaded, but a tied ``lm_head`` loads nothing (its weight is the
+        embedding's), so it would keep multiplying by the startup weights. Packing an untied
+        head again is harmless (it already holds the new weights)."""
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        model = self.get_model()  # type: ignore[attr-defined]
+        count = 0
+        for module in model.modules():
+            if isinstance(module, ParallelLMHead):
+                module.quant_method.process_weights_after_loading(module)
+                count += 1
+        return count
+
+
+def _sampling_params(p: dict[str, Any]):
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=1,
+        temperature=p["temperature"],
+        top_p=p["top_p"],
+        max_tokens=p["max_tokens"],
+        seed=p["seed"],
+        stop_token_ids=list(p["stop_token_ids"]),
+        ignore_eos=True,  # the driver's stop ids are the only ones (no tokenizer EOS added)
+        logprobs=0,  # the sampled token's log-prob only
+        detokenize=False,
+        skip_special_tokens=False,
+    )
+
+
+def _generate(llm, message: dict[str, Any]) -> dict[str, Any]:
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in message["prompts"]]
+    params = [_sampling_params(p) for p in message["params"]]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    rows = []
+    for out in outs:
+        c = out.outputs[0]
+        ids = [int(t) for t in c.token_ids]
+        lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)]
+        rows.append((ids, lps, str(c.finish_reason)))
+    return {"ok": True, "rows": rows}
+
+
+def _reload(llm, message: dict[str, Any]) -> dict[str, Any]:
+    start = time.perf_counter()
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": message["path"]})
+    packed = llm.collective_rpc("posttrain_repack_lm_head")
+    if not llm.reset_prefix_cache():
+        return {"ok": False, "error": "vLLM refused to reset its prefix cache after a reload"}
+    return {"ok": True, "seconds": time.perf_counter() - start, "lm_heads": packed[0]}
+
+
+def _serve(conn, llm) -> None:
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the driver went away
+            return
+        op = message.get("op")
+        if op == "close":
+            conn.send({"ok": True})
+            return
+        try:
+            if op == "generate":
+                reply = _generate(llm, message)
+            elif op == "reload":
+                reply = _reload(llm, message)
+            else:
+                reply = {"ok": False, "error": f"unknown op {op!r}"}
+        except Exception as e:  # noqa: BLE001 - every failure goes back as one line
+            traceback.print_exc()
+            reply = {"ok": False, "error": f"{type(e).__name__}: {' '.join(str(e).split())}"}
+        conn.send(reply)
+
+
+def unsupported_head_size(model_dir: str) -> str | None:
+    """Why vLLM's CPU attention cannot run the model in ``model_dir`` (its head size), or None.
+
+    Checked before vLLM starts, because vLLM refuses it inside its engine-core process, where
+    the reason reaches the driver only as "Engine core initialization failed"."""
+    try:
+        from vllm.platforms import current_platform
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:  # another vLLM release: let vLLM itself decide
+        return None
+    if not current_platform.is_cpu():
+        return None
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    head = config.get("head_dim") or (hidden // heads if heads and hidden else None)
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head is None or head in sizes:
+        return None
+    return (
+        f"the model's attention head size is {head}, which vLLM's CPU attention does not take "
+        f"(it takes {', '.join(map(str, sizes))}); use such a model or rollout.engine=torch"
+    )
+
+
+def main() -> None:
+    host, port = os.environ["POSTTRAIN_VLLM_ADDRESS"].rsplit(":", 1)
+    authkey = bytes.fromhex(sys.stdin.readline().strip())
+    conn = Client((host, int(port)), authkey=authkey)
+    options = conn.recv()  # the LLM keywords the driver resolved
+    refused = unsupported_head_size(options["model"])
+    if refused is not None:
+        conn.send({"ok": False, "error": refused})
+        return
+    try:
+        from vllm import LLM, __version__
+
+        llm = LLM(worker_extension_cls="posttrain_vllm_worker.PosttrainWorkerExtension", **options)
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        conn.send({"ok": False, "error": f"{type(e).__name__}: {' '.join(str(e).split())}"})
+        return
+    model_config = llm.llm_engine.model_config
+    conn.send(
+        {
+            "ok": True,
+            "vllm": __version__,
+            "max_model_len": int(model_config.max_model_len),
+            "vocab_size": int(model_config.get_vocab_size()),
+        }
+    )
+    _serve(conn, llm)
+
+
+if __name__ == "__main__":
+    main()

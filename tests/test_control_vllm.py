@@ -1,0 +1,109 @@
+"""Preflight of control/vllm.py and the vLLM engine's errors that need no vLLM: each refusal is
+one line, the missing environment names ``make install-vllm``, a vLLM process that dies at start
+is one line naming the engine, and the install's requirement filter."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+from preflight_cases import OPD, Case, cfg, check_case, covered  # noqa: E402
+
+from posttrain.control import PreflightError, run_preflight, vllm  # noqa: E402
+from posttrain.placement.errors import RoleFailedError  # noqa: E402
+from posttrain.rollout import vllm_process  # noqa: E402
+
+VLLM = ["rollout.engine=vllm", "rl.rollout_is_cap=2.0"]
+REPO = Path(__file__).resolve().parents[1]
+
+CASES: list[Case] = [
+    ("vllm_section_needs_the_engine", ["vllm.kv_cache_space_gib=4.0"],
+     "vllm.kv_cache_space_gib=4.0 is read only with rollout.engine=vllm (got rollout.engine=torch)",
+     [*VLLM, "vllm.kv_cache_space_gib=4.0"]),
+    ("vllm_runs_under_local_placement", [*VLLM, "placement.backend=ray"],
+     "rollout.engine=vllm runs under placement.backend=local only", VLLM),
+    ("vllm_takes_full_weights", [*VLLM, "model.lora_rank=4"],
+     "rollout.engine=vllm takes full weights only, not a LoRA policy's adapters", VLLM),
+    ("vllm_samples_in_step", [*VLLM, "placement.backend=ray", "rl.off_policy_lag=1"],
+     "rollout.engine=vllm samples in the sequential loop only (got rl.off_policy_lag=1)", VLLM),
+    ("vllm_serves_grpo", [*VLLM, *OPD], "rollout.engine=vllm is built for the GRPO entry, not "
+     "job.algorithm=opd", VLLM),
+    ("vllm_without_is_correction", ["rollout.engine=vllm"],
+     "rl.rollout_is_cap=0 with rollout.engine=vllm", VLLM),
+]  # fmt: skip
+
+
+@pytest.fixture
+def vllm_env(monkeypatch, tmp_path):
+    """An interpreter path that exists (a file), so the environment rule is satisfied here."""
+    python = tmp_path / "python"
+    python.write_text("")
+    monkeypatch.setenv(vllm_process.PYTHON_ENV, str(python))
+    return python
+
+
+def test_every_rule_of_the_module_has_a_case():
+    assert covered([*CASES, ("vllm_environment_exists", [], "", [])], vllm)
+
+
+@pytest.mark.parametrize(("name", "bad", "fragment", "good"), CASES)
+def test_rule_failing_and_passing_side(vllm_env, name, bad, fragment, good):
+    check_case(name, bad, fragment, good)
+
+
+def test_without_the_environment_the_run_is_one_line_naming_the_install(monkeypatch, tmp_path):
+    monkeypatch.setenv(vllm_process.PYTHON_ENV, str(tmp_path / "missing" / "python"))
+    with pytest.raises(PreflightError) as info:
+        run_preflight(cfg(VLLM))
+    text = str(info.value)
+    assert "\n" not in text and "rollout.engine=vllm needs vLLM's own environment" in text
+    assert "`make install-vllm`" in text
+    assert run_preflight(cfg([])) == []  # the torch engine does not need it
+
+
+def test_an_environment_is_refused_as_the_engine_is_single_turn(vllm_env):
+    with pytest.raises(PreflightError, match=r"env.name=calculator needs rollout.engine=torch"):
+        run_preflight(cfg([*VLLM, "env.name=calculator"]))
+
+
+def test_a_policy_only_entry_refuses_the_vllm_section():
+    dpo = ["job.algorithm=dpo", "dpo.pairs_path=p", "vllm.enforce_eager=false"]
+    with pytest.raises(PreflightError, match=r"vllm.enforce_eager=False .*never read"):
+        run_preflight(cfg(dpo))
+
+
+def test_a_vllm_process_that_dies_at_start_is_one_line_naming_the_engine(monkeypatch, tmp_path):
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho 'ImportError: no vllm here' >&2\nexit 3\n")
+    python.chmod(0o755)
+    monkeypatch.setenv(vllm_process.PYTHON_ENV, str(python))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    with pytest.raises(RoleFailedError) as info:
+        vllm_process.VllmProcess({}, {}, str(workdir))
+    text = str(info.value)
+    assert "\n" not in text
+    assert text.startswith(
+        "rollout.engine=vllm: the vLLM process exited with status 3 during start"
+    )
+    assert "(last line: ImportError: no vllm here)" in text
+
+
+def test_the_install_keeps_every_requirement_but_the_cuda_media_wheels():
+    path = REPO / "src/posttrain/rollout/vllm_proc/vllm_requirements.py"
+    spec = importlib.util.spec_from_file_location("vllm_requirements", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    declared = [
+        "regex", "transformers<5.20.0,>=5.16.1", 'torch==2.13.0+cpu; platform_machine == "x86_64"',
+        'torchaudio; platform_machine != "s390x"', "torchvision; platform_machine != 'riscv64'",
+        "torchcodec>=0.14", 'pandas; extra == "bench"', "mistral_common[image]>=1.11.6",
+    ]  # fmt: skip
+    assert module.kept_requirements(declared) == [
+        "regex", "transformers<5.20.0,>=5.16.1", 'torch==2.13.0+cpu; platform_machine == "x86_64"',
+        "mistral_common[image]>=1.11.6",
+    ]  # fmt: skip
