@@ -6,9 +6,9 @@ tiny Llama over the arithmetic alphabet with head_dim 32 (vLLM's CPU attention t
 32, 64, ...; the tiny presets' 8 and 12 it refuses). Checked here: vLLM's processed log-probs
 agree with the trainer's own float32 forward at T=0.7 (the bound below); a bucketed sync through
 the weight sink gives exactly (bit for bit) the samples of a fresh engine started from the new
-weights (not yet a test of the two traps themselves: it also passed with the ``lm_head``
-repack removed, and with the prefix-cache reset removed, since these prompts fill no 32-token
-KV block and this tiny tied head showed no stale weights); a
+weights, a 40-token prompt among them whose first KV block the prefix cache holds from before
+the sync (it fails with the prefix-cache reset removed; the ``lm_head`` repack it does not yet
+test: this tiny tied head showed no stale weights without it); a
 GRPO run samples with the engine and publishes ``train/rollout/logprob_abs_diff``; a dead vLLM
 process is one line naming the engine. Outside CI, without the environment, they are skipped;
 in CI (``CI`` set) that is a failure.
@@ -44,6 +44,8 @@ from posttrain.rollout.vllm_process import missing_vllm_message, vllm_python
 LOGPROB_BOUND = 5e-6
 OPTIONS = VllmOptions(dtype="float32", kv_cache_space_gib=1.0, enforce_eager=True)
 PROMPTS = [[1, 5, 6, 12, 7, 14], [1, 8, 12, 9, 14], [1, 5, 6, 12, 7, 14], [1, 13, 13, 12, 4, 14]]
+#: 40 tokens: past vLLM's 32-token KV block, so a second call with it hits the prefix cache.
+LONG = [1, *([5, 6, 12, 7, 14, 8, 12, 9] * 4), 13, 13, 12, 4, 14, 5, 6]
 
 
 def _need_vllm() -> None:
@@ -142,7 +144,8 @@ def test_a_prompt_past_the_model_length_is_one_line(engine):
 
 
 def test_a_bucketed_sync_gives_a_fresh_engines_samples_bit_for_bit(engine, folders):
-    before = engine.generate(PROMPTS, n=2, temperature=0.7, max_tokens=16, seed=3)
+    prompts = [*PROMPTS, LONG]  # LONG's first block is cached with the old weights here
+    before = engine.generate(prompts, n=2, temperature=0.7, max_tokens=16, seed=3)
     policy, tokenizer = load_policy(folders[1])
     source = WeightSource(policy, limit=16 * 1024)  # several buckets
     assert len(source.buckets) > 2
@@ -151,11 +154,11 @@ def test_a_bucketed_sync_gives_a_fresh_engines_samples_bit_for_bit(engine, folde
     for k in range(len(source.buckets)):
         sink.receive(source.bucket(k), k == len(source.buckets) - 1)
     assert engine.weight_version == version + 1 and engine.last_reload_s > 0
-    synced = engine.generate(PROMPTS, n=2, temperature=0.7, max_tokens=16, seed=3)
+    synced = engine.generate(prompts, n=2, temperature=0.7, max_tokens=16, seed=3)
     assert not torch.equal(synced.batch.input_ids, before.batch.input_ids)
     fresh = VllmRolloutEngine(policy, tokenizer, weights_from=folders[1], options=OPTIONS)
     try:
-        want = fresh.generate(PROMPTS, n=2, temperature=0.7, max_tokens=16, seed=3)
+        want = fresh.generate(prompts, n=2, temperature=0.7, max_tokens=16, seed=3)
         assert torch.equal(synced.batch.input_ids, want.batch.input_ids)
         assert torch.equal(synced.batch.rollout_logprobs, want.batch.rollout_logprobs)
         with torch.no_grad():
