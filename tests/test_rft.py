@@ -94,7 +94,7 @@ def test_the_right_samples_land_in_the_rows_and_the_pairs(tmp_path, capsys):
     assert len(val) == summary["val"]["problems"] == 4
     assert summary["val"]["accuracy"] == sum(r["correct"] for r in val) / 4
     assert load_config(str(out / "config.yaml")).rollout.n == 4
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-rft")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp-", ".old-"))]
 
 
 def as_sampled(tokenizer, samples: list[dict], written: list[dict]) -> int:
@@ -196,7 +196,7 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path, capsys, argv, extra, 
                      *opts_for(tmp_path), *extra)  # fmt: skip
     assert code != 0 and fragment in err and "\n" not in err, err
     assert not out.exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-rft")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp-", ".old-"))]
 
 
 def test_a_failing_reward_function_names_the_prompt(tmp_path, capsys):
@@ -206,16 +206,20 @@ def test_a_failing_reward_function_names_the_prompt(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    ("recipe", "fragment"),
+    ("recipe", "extra", "fragment"),
     [
-        ("tools_addition", "env.name=posttrain.env.arithmetic:"),
-        ("sft_tools_tiny", "job.algorithm=sft is supervised fine-tuning (offline, on "
+        ("tools_addition", [], "env.name=posttrain.env.arithmetic:"),
+        ("sft_tools_tiny", [], "job.algorithm=sft is supervised fine-tuning (offline, on "
          "demonstrations), with no prompts to sample"),
+        (RECIPE, ["reward.functions=[no_such_module:f]"],
+         "reward.functions entry 'no_such_module:f': cannot import module 'no_such_module'"),
+        (RECIPE, ["data.prompt_template=chat"], "data.prompt_template=chat needs a chat template"),
     ],
 )  # fmt: skip
-def test_recipes_it_cannot_sample_are_refused_before_any_model(tmp_path, capsys, recipe, fragment):
+def test_configs_it_cannot_sample_are_refused_before_any_model(tmp_path, capsys, recipe, extra,
+                                                               fragment):  # fmt: skip
     code, _, err = cli(capsys, "rft", "--config", recipe, "--out", str(tmp_path / "rft"), "--",
-                     f"model.name_or_path={tmp_path / 'model'}")  # fmt: skip
+                       f"model.name_or_path={tmp_path / 'model'}", *extra)  # fmt: skip
     assert code == 2 and fragment in err and "\n" not in err, err
     assert not (tmp_path / "model").exists() and not (tmp_path / "rft").exists()
 

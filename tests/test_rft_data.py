@@ -8,6 +8,7 @@ import pytest
 from posttrain.config.sections import DataConfig
 from posttrain.data.rft import Sample, pair_row, pass_at, pass_at_k, prompt_fields, select, sft_row
 from posttrain.data.tasks import TaskItem
+from posttrain.fileio import write_files_as_folder
 
 #: One prompt's samples: (text, correct).
 GROUP = [("7", True), ("8", False), ("7", True), ("9", False), ("8", False), (" 7", True)]
@@ -65,3 +66,20 @@ def test_rows_carry_the_prompt_the_rollout_rendered():
         {"role": "assistant", "content": "7"}]}  # fmt: skip
     bare = prompt_fields(item, DataConfig(prompt_template="chat", system_prompt=None))
     assert pair_row(bare, "7", "8")["messages"] == [{"role": "user", "content": "3+4="}]
+
+
+def test_the_folder_is_replaced_whole_or_not_at_all(tmp_path):
+    out = tmp_path / "rft"
+    write_files_as_folder(out, {"a.jsonl": "1\n", "summary.json": "{}\n"})
+    assert sorted(p.name for p in out.iterdir()) == ["a.jsonl", "summary.json"]
+
+    def refuse():
+        raise RuntimeError("not now")
+
+    with pytest.raises(RuntimeError):
+        write_files_as_folder(out, {"a.jsonl": "2\n"}, before_replace=refuse)
+    assert (out / "a.jsonl").read_text() == "1\n" and (out / "summary.json").exists()
+    write_files_as_folder(out, {"a.jsonl": "3\n"})
+    assert sorted(p.name for p in out.iterdir()) == ["a.jsonl"]
+    assert (out / "a.jsonl").read_text() == "3\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rft"]  # no temporary folder left

@@ -27,8 +27,6 @@ import argparse
 import json
 import logging
 import math
-import os
-import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,7 +35,7 @@ from typing import Any
 
 from posttrain.config import ConfigError, PosttrainConfig, load_config, to_yaml
 from posttrain.data.rft import Sample, pair_row, pass_at, prompt_fields, select, sft_row
-from posttrain.fileio import fsync_dir
+from posttrain.fileio import write_files_as_folder
 
 log = logging.getLogger("posttrain")
 
@@ -135,7 +133,20 @@ def resolve(config_path: str, opts: Sequence[str], settings: Settings) -> Posttr
             "multi-turn environment's trajectories (tool calls and results) are not written as "
             "rows; use a recipe without env.name"
         )
+    _preflight(config)
     return config
+
+
+def _preflight(config: PosttrainConfig) -> None:
+    """Preflight's error rules over what this command reads alone (the data source, the chat
+    template, the reward functions, ...); rules about training are the training entry's."""
+    from posttrain.control.preflight import RULES
+    from posttrain.control.rules import PreflightError
+
+    ours = [r for r in RULES if r.severity == "error" and r.reads and all(map(_is_read, r.reads))]
+    errors = [m for r in ours if (m := r.check(config)) is not None]
+    if errors:
+        raise PreflightError(errors)
 
 
 def _check_settings(s: Settings) -> None:
@@ -203,16 +214,16 @@ def run(config_path: str, opts: Sequence[str], settings: Settings = Settings()) 
     _check_out(out)
     check_data_files(config)
     tasks = build_tasks(config)
-    check_model_source(config)
-    ensure_model(config)
-    tasks = check_inputs(config, tasks)  # the tokenizer fits the model, the prompts the context
     count = len(tasks) if settings.prompts is None else settings.prompts
     if count > len(tasks):
         raise RFTError(f"--prompts {count}: the train split holds {len(tasks)} prompts")
-    items, _ = tasks.take(config.job.seed, 0, count)
+    check_model_source(config)
+    ensure_model(config)
     m = config.model
     tokenizer = load_tokenizer(m.tokenizer_path or m.name_or_path)
     _check_template(config, tokenizer)
+    tasks = check_inputs(config, tasks)  # the tokenizer fits the model, the prompts the context
+    items, _ = tasks.take(config.job.seed, 0, count)
     sampler = place_sampler(config)
     groups = sample_and_score(config, sampler, tokenizer, items, settings.threshold)
     files, summary = build_outputs(config, tokenizer, items, groups, settings)
@@ -351,29 +362,9 @@ def _held_out(config, sampler: Sampler, tokenizer, items, scratch: Path) -> dict
 
 
 def write_folder(out: Path, files: dict[str, str]) -> None:
-    """Write ``files`` into a temporary folder beside ``out`` and rename it into place (an
-    existing ``out``, which holds only this command's files, is moved aside first and removed),
-    so a reader sees the old folder or the new one, never a mix."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-rft-{out.name}.", dir=out.parent))
-    old = None
-    try:
-        for name, text in files.items():
-            with open(tmp / name, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-        fsync_dir(tmp)
-        _check_out(out)  # still only ours (a folder made meanwhile is not clobbered)
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".old-rft-{out.name}.", dir=out.parent))
-            os.rename(out, old / "folder")
-        os.rename(tmp, out)
-        fsync_dir(out.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+    """``files`` as the folder ``out``, all at once (``fileio.write_files_as_folder``); ``out`` is
+    checked again just before it is replaced (a folder made meanwhile is not clobbered)."""
+    write_files_as_folder(out, files, before_replace=lambda: _check_out(out))
 
 
 def report_lines(summary: dict[str, Any]) -> list[str]:
