@@ -89,9 +89,11 @@ def main() -> int:
     p.add_argument("--root", default="outputs/rft_measure")
     args = p.parse_args()
     root = Path(args.root)
-    rows = [one_seed(s, root, args.base_steps, args.steps) for s in args.seeds]
-    (root / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
-    print(table(rows))
+    rows = []
+    for seed in args.seeds:  # the table so far after each seed (a long sweep shows progress)
+        rows.append(one_seed(seed, root, args.base_steps, args.steps))
+        (root / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
+        print(table(rows), flush=True)
     return 0
 
 
