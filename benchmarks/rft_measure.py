@@ -1,7 +1,7 @@
 """Base vs SFT on its correct samples vs DPO on its pairs, held-out accuracy over seeds.
 
     python benchmarks/rft_measure.py [--seeds 0 1 2] [--base-steps 300] [--steps 100]
-        [--root outputs/rft_measure]
+        [--root outputs/rft_measure] [--tag NAME] [--sft-opts K=V ...] [--dpo-opts K=V ...]
 
 Per seed ``s`` (each command one torch thread, in order, under ``--root``):
 
@@ -14,8 +14,9 @@ Per seed ``s`` (each command one torch thread, in order, under ``--root``):
 4. ``posttrain rft`` from each fine-tuned model: its greedy held-out accuracy (the same
    evaluation GRPO runs, on the same 20 held-out problems).
 
-Prints a markdown table (one row per seed, then the mean) and writes ``ROOT/table.json``.
-Every command is resumable (a finished run is reused).
+``--sft-opts`` / ``--dpo-opts`` are overrides appended to the SFT / DPO commands (a variant:
+``--tag`` names its runs, so variants share the base runs). Prints a markdown table (one row per
+seed, then the mean) and writes ``ROOT/table_TAG.json``. A finished base run is reused.
 """
 
 from __future__ import annotations
@@ -44,25 +45,25 @@ def held_out(out: Path) -> dict:
             "sft_rows": summary["sft_rows"], "pairs": summary["pairs"]}  # fmt: skip
 
 
-def one_seed(seed: int, root: Path, base_steps: int, steps: int) -> dict:
+def one_seed(seed: int, root: Path, base_steps: int, steps: int, tag: str, extra: dict) -> dict:
     outputs = f"job.output_root={root}"
-    base = f"base_s{seed}"
+    base = f"base{base_steps}_s{seed}"
     posttrain("grpo", "--config", "arithmetic_clipped", "--", outputs, f"job.seed={seed}",
               f"job.name={base}", f"rl.max_steps={base_steps}", f"rl.save_every={base_steps}",
               f"rl.eval_every={base_steps}", "logging.progress=false",
               f"model.name_or_path={root}/models/arith-init_s{seed}")  # fmt: skip
     model = f"model.name_or_path={root}/grpo/{base}/final_model"
-    data = root / "rft" / f"s{seed}"
+    data = root / "rft" / f"{base}"
     posttrain("rft", "--config", "rft_arithmetic", "--out", str(data), "--", outputs, model,
               f"job.seed={seed}")  # fmt: skip
     row = {"seed": seed, "base": held_out(data)}
     for entry, recipe, key, file in (("sft", "rft_arithmetic_sft", "sft.train_path", "sft.jsonl"),
                                      ("lmdpo", "rft_arithmetic_lmdpo", "lmdpo.train_path",
                                       "pairs.jsonl")):  # fmt: skip
-        name = f"{entry}_s{seed}"
+        name = f"{entry}_{tag}_{base}"
         posttrain(entry, "--config", recipe, "--", outputs, model, f"job.seed={seed}",
                   f"job.name={name}", f"{key}={data / file}", f"rl.max_steps={steps}",
-                  f"rl.save_every={steps}", "logging.progress=false")  # fmt: skip
+                  f"rl.save_every={steps}", "logging.progress=false", *extra[entry])  # fmt: skip
         after = root / "rft" / f"after_{name}"
         posttrain("rft", "--config", "rft_arithmetic", "--out", str(after), "--", outputs,
                   f"model.name_or_path={root}/{entry}/{name}/final_model", f"job.seed={seed}")  # fmt: skip
@@ -71,13 +72,22 @@ def one_seed(seed: int, root: Path, base_steps: int, steps: int) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| seed | base rows / pairs | base | SFT | DPO |", "|---|---|---|---|---|"]
+    """Held-out greedy accuracy, then the correct rate of the 8 samples per train problem."""
+    keys = ("base", "sft", "lmdpo")
+    lines = ["| seed | rows / pairs | held-out: base | SFT | DPO | train samples: base | SFT | DPO |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+
+    def cells(r: dict) -> str:
+        acc = " | ".join(f"{r[k]['accuracy']:.2f}" for k in keys)
+        return acc + " | " + " | ".join(f"{r[k]['correct_rate']:.3f}" for k in keys)
+
     for r in rows:
-        b = r["base"]
-        lines.append(f"| {r['seed']} | {b['sft_rows']} / {b['pairs']} | {b['accuracy']:.2f} | "
-                     f"{r['sft']['accuracy']:.2f} | {r['lmdpo']['accuracy']:.2f} |")  # fmt: skip
-    mean = {k: statistics.mean(r[k]["accuracy"] for r in rows) for k in ("base", "sft", "lmdpo")}
-    lines.append(f"| mean | | {mean['base']:.2f} | {mean['sft']:.2f} | {mean['lmdpo']:.2f} |")
+        lines.append(
+            f"| {r['seed']} | {r['base']['sft_rows']} / {r['base']['pairs']} | {cells(r)} |"
+        )
+    mean = {k: {m: statistics.mean(r[k][m] for r in rows) for m in ("accuracy", "correct_rate")}
+            for k in keys}  # fmt: skip
+    lines.append(f"| mean | | {cells(mean)} |")
     return "\n".join(lines)
 
 
@@ -87,12 +97,16 @@ def main() -> int:
     p.add_argument("--base-steps", type=int, default=300)
     p.add_argument("--steps", type=int, default=100, help="SFT and DPO steps")
     p.add_argument("--root", default="outputs/rft_measure")
+    p.add_argument("--tag", default="default", help="names this variant's SFT and DPO runs")
+    p.add_argument("--sft-opts", nargs="*", default=[], metavar="K=V")
+    p.add_argument("--dpo-opts", nargs="*", default=[], metavar="K=V")
     args = p.parse_args()
     root = Path(args.root)
+    extra = {"sft": args.sft_opts, "lmdpo": args.dpo_opts}
     rows = []
     for seed in args.seeds:  # the table so far after each seed (a long sweep shows progress)
-        rows.append(one_seed(seed, root, args.base_steps, args.steps))
-        (root / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
+        rows.append(one_seed(seed, root, args.base_steps, args.steps, args.tag, extra))
+        (root / f"table_{args.tag}.json").write_text(json.dumps(rows, indent=2) + "\n")
         print(table(rows), flush=True)
     return 0
 
