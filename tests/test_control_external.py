@@ -123,6 +123,18 @@ def test_chat_template_read_from_saved_tokenizer_files(tmp_path):
     assert run_preflight(load_config("arithmetic", ["--", *opts])) == []
 
 
+@pytest.mark.parametrize(("preset", "refused"), [("arith", True), ("arith_tools", False)])
+def test_a_preset_to_build_has_a_chat_template_only_with_the_tools(tmp_path, preset, refused):
+    """The folder is not built yet: a tools preset's tokenizer carries the tools template."""
+    opts = ["data.prompt_template=chat", "data.system_prompt=null",
+            f"model.name_or_path={tmp_path / 'm'}", f"model.init_preset={preset}"]  # fmt: skip
+    if refused:
+        with pytest.raises(PreflightError, match=f"model.init_preset={preset} builds a char"):
+            run_preflight(load_config("arithmetic", ["--", *opts]))
+    else:
+        assert run_preflight(load_config("arithmetic", ["--", *opts])) == []
+
+
 def test_chat_template_in_a_jinja_file_counts(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("{}")
     assert chat_template_in(tmp_path) is False

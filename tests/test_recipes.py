@@ -28,6 +28,9 @@ EXPECTED_WARNINGS = {
     "dpo_shapes": [],
     "sft_tools_tiny": [],
     "lmdpo_tools_tiny": [],
+    "rft_arithmetic": [],
+    "rft_arithmetic_sft": [],
+    "rft_arithmetic_lmdpo": [],
 }
 
 

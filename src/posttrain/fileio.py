@@ -3,12 +3,16 @@
 Every file a run rewrites goes through :func:`atomic_write_text`: the bytes go to a temp file
 beside the target, are fsynced, the temp file is renamed over the target and the directory is
 fsynced, so a kill at any point leaves the previous content in place. A failed write (a full
-disk) removes its temp file before the error propagates.
+disk) removes its temp file before the error propagates. A folder of files written together
+(``posttrain rft``'s rows, pairs and summary) goes through :func:`write_files_as_folder`.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -43,3 +47,33 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_files_as_folder(
+    out: str | os.PathLike, files: dict[str, str], before_replace: Callable[[], None] = lambda: None
+) -> None:
+    """Write ``files`` (name -> text) into a temporary folder beside ``out``, fsynced, and
+    rename it to ``out``; an existing ``out`` is first moved aside and removed after, so a
+    reader sees the old folder or the new one, never a mix (between the two renames, none).
+    ``before_replace`` runs just before: it may refuse (raise) and nothing changes."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}.", dir=out.parent))
+    old = None
+    try:
+        for name, text in files.items():
+            with open(tmp / name, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        fsync_dir(tmp)
+        before_replace()
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".old-{out.name}.", dir=out.parent))
+            os.rename(out, old / out.name)
+        os.rename(tmp, out)
+        fsync_dir(out.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)

@@ -68,6 +68,11 @@ def chat_template_available(cfg: PosttrainConfig) -> str | None:
         )
         if not builds_char_tokenizer:
             return None  # nothing saved there yet; loading the model reports a missing directory
+        from posttrain.model.presets import PRESETS
+
+        preset = PRESETS.get(cfg.model.init_preset)
+        if preset is not None and preset.tools:
+            return None  # a tools preset's tokenizer carries the tools chat template
         return (
             f"data.prompt_template=chat needs a chat template, but model.init_preset="
             f"{cfg.model.init_preset} builds a character-level tokenizer without one at "

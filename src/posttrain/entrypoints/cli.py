@@ -161,6 +161,30 @@ def _add_entries(sub: argparse._SubParsersAction) -> None:
         _add_entry(sub, e)
 
 
+def _add_rft(sub: argparse._SubParsersAction) -> None:
+    """``posttrain rft``: not a training entry (it trains nothing and takes a GRPO or OPD
+    recipe), so a command of its own beside them (``entrypoints/rft.py``)."""
+    from posttrain.entrypoints.rft import add_arguments
+
+    p = sub.add_parser(
+        "rft",
+        help="sample n answers per train prompt, score them, write SFT rows and DPO pairs",
+        description="Rejection sampling: sample rollout.n answers to each train prompt of an "
+        "online recipe with its rollout engine, score them with its reward stage, and write "
+        "the correct ones as rows `posttrain sft` reads (sft.jsonl) and correct-vs-incorrect "
+        "pairs `posttrain lmdpo` reads (pairs.jsonl), with summary.json (docs/guides/rft.md).",
+        epilog="example: posttrain rft --config arithmetic_clipped --per-prompt 2 -- rollout.n=8",
+    )
+    add_arguments(p)
+    p.set_defaults(handler=_rft)
+
+
+def _rft(args: argparse.Namespace, overrides: list[str]) -> int:
+    from posttrain.entrypoints.rft import dispatch
+
+    return dispatch(args, overrides)
+
+
 def plot(args: argparse.Namespace, overrides: list[str]) -> int:
     from posttrain.metrics.plot import plot_runs
 
@@ -213,6 +237,7 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_config,
     _add_entries,
+    _add_rft,
     _add_model,
     _add_plot,
 ]

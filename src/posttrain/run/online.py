@@ -172,8 +172,12 @@ def collect(config: PosttrainConfig, roles, tokenizer, tasks: TaskSource, cursor
     return dataclasses.replace(sampled, rollout=rollout), result, times
 
 
-def evaluate(config, roles, tokenizer, items: Sequence[TaskItem], run_dir: Path, step: int):
-    """Greedy held-out accuracy; writes the samples of this evaluation."""
+def evaluate(config, roles, tokenizer, items: Sequence[TaskItem], run_dir: Path, step: int,
+             samples_path: Path | None = None):  # fmt: skip
+    """Greedy held-out accuracy; writes the samples of this evaluation (to ``samples_path``,
+    default ``run_dir/samples/step_<step>.jsonl``). ``roles`` needs ``rollout`` and ``reward``
+    (and for multi-turn what ``multiturn_rollout`` drives): ``posttrain rft`` evaluates with its
+    own two."""
     if config.env.name:  # multi-turn, as in training; its tool use is measured too
         rollout = multiturn_rollout(roles, items, tokenizer, n=1, temperature=0.0, top_p=1.0,
                                     seed=0)  # fmt: skip
@@ -184,8 +188,8 @@ def evaluate(config, roles, tokenizer, items: Sequence[TaskItem], run_dir: Path,
     metrics, scores = roles.reward.evaluate(rollout.texts, items, env)
     metrics.update(env_metrics(rollout.batch))
     trajectories = trajectory_records(rollout.batch, tokenizer, len(items))  # None: one turn
-    write_samples(run_dir / "samples" / f"step_{step:06d}.jsonl", items, rollout.texts, scores,
-                  trajectories=trajectories)  # fmt: skip
+    path = samples_path or run_dir / "samples" / f"step_{step:06d}.jsonl"
+    write_samples(path, items, rollout.texts, scores, trajectories=trajectories)
     return {f"val/{k}": v for k, v in metrics.items()}
 
 
