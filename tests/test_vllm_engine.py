@@ -6,9 +6,10 @@ tiny Llama over the arithmetic alphabet with head_dim 32 (vLLM's CPU attention t
 32, 64, ...; the tiny presets' 8 and 12 it refuses). Checked here: vLLM's processed log-probs
 agree with the trainer's own float32 forward at T=0.7 (the bound below); a bucketed sync through
 the weight sink gives exactly (bit for bit) the samples of a fresh engine started from the new
-weights, a 40-token prompt among them whose first KV block the prefix cache holds from before
-the sync (it fails with the prefix-cache reset removed; the ``lm_head`` repack it does not yet
-test: this tiny tied head showed no stale weights without it); a
+weights, a 40-token prompt among them (not yet a test of the two traps themselves: it still
+passed with the prefix-cache reset removed, so no cached block of the old weights was reused
+here, and with the ``lm_head`` repack removed, since this tiny tied head showed no stale
+weights); a
 GRPO run samples with the engine and publishes ``train/rollout/logprob_abs_diff``; a dead vLLM
 process is one line naming the engine. Outside CI, without the environment, they are skipped;
 in CI (``CI`` set) that is a failure.
@@ -44,7 +45,7 @@ from posttrain.rollout.vllm_process import missing_vllm_message, vllm_python
 LOGPROB_BOUND = 5e-6
 OPTIONS = VllmOptions(dtype="float32", kv_cache_space_gib=1.0, enforce_eager=True)
 PROMPTS = [[1, 5, 6, 12, 7, 14], [1, 8, 12, 9, 14], [1, 5, 6, 12, 7, 14], [1, 13, 13, 12, 4, 14]]
-#: 40 tokens: past vLLM's 32-token KV block, so a second call with it hits the prefix cache.
+#: 40 tokens: past one 32-token KV block (meant for the prefix cache; see the module docstring).
 LONG = [1, *([5, 6, 12, 7, 14, 8, 12, 9] * 4), 13, 13, 12, 4, 14, 5, 6]
 
 
@@ -144,7 +145,7 @@ def test_a_prompt_past_the_model_length_is_one_line(engine):
 
 
 def test_a_bucketed_sync_gives_a_fresh_engines_samples_bit_for_bit(engine, folders):
-    prompts = [*PROMPTS, LONG]  # LONG's first block is cached with the old weights here
+    prompts = [*PROMPTS, LONG]
     before = engine.generate(prompts, n=2, temperature=0.7, max_tokens=16, seed=3)
     policy, tokenizer = load_policy(folders[1])
     source = WeightSource(policy, limit=16 * 1024)  # several buckets
