@@ -13,11 +13,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from preflight_cases import OPD, Case, cfg, check_case, covered  # noqa: E402
 
+from posttrain.config.serialize import from_yaml, to_yaml  # noqa: E402
 from posttrain.control import PreflightError, run_preflight, vllm  # noqa: E402
 from posttrain.placement.errors import RoleFailedError  # noqa: E402
 from posttrain.rollout import vllm_process  # noqa: E402
 
-VLLM = ["rollout.engine=vllm", "rl.rollout_is_cap=2.0"]
+VLLM = ["rollout.engine=vllm"]
 REPO = Path(__file__).resolve().parents[1]
 
 CASES: list[Case] = [
@@ -32,7 +33,7 @@ CASES: list[Case] = [
      "rollout.engine=vllm samples in the sequential loop only (got rl.off_policy_lag=1)", VLLM),
     ("vllm_serves_grpo", [*VLLM, *OPD], "rollout.engine=vllm is built for the GRPO entry, not "
      "job.algorithm=opd", VLLM),
-    ("vllm_without_is_correction", ["rollout.engine=vllm"],
+    ("vllm_without_is_correction", [*VLLM, "rl.rollout_is_cap=0"],
      "rl.rollout_is_cap=0 with rollout.engine=vllm", VLLM),
 ]  # fmt: skip
 
@@ -53,6 +54,32 @@ def test_every_rule_of_the_module_has_a_case():
 @pytest.mark.parametrize(("name", "bad", "fragment", "good"), CASES)
 def test_rule_failing_and_passing_side(vllm_env, name, bad, fragment, good):
     check_case(name, bad, fragment, good)
+
+
+@pytest.mark.parametrize(
+    ("opts", "cap"),
+    [
+        (VLLM, 2.0),  # the default with this engine: the correction is on
+        ([*VLLM, "rl.rollout_is_cap=0"], 0.0),  # a value the user sets is kept
+        ([*VLLM, "rl.rollout_is_cap=3.5"], 3.5),
+        (["rollout.engine=vllm", "rollout.engine=torch"], 0.0),  # the last engine decides
+        ([], 0.0),
+    ],
+)
+def test_the_is_cap_defaults_on_with_vllm_and_a_set_value_is_kept(vllm_env, opts, cap):
+    config = cfg(opts)
+    assert config.rl.rollout_is_cap == cap
+    assert from_yaml(to_yaml(config)).rl.rollout_is_cap == cap  # the saved run record agrees
+    warned = any("rl.rollout_is_cap=0 with rollout.engine=vllm" in w for w in run_preflight(config))
+    assert warned == (config.rollout.engine == "vllm" and cap == 0)  # only a cap turned off
+
+
+def test_the_vllm_default_cap_is_no_claim_for_an_objective_that_reads_none(vllm_env):
+    """legacy_pg reads no cap: an explicit one is refused as never read, vLLM's default is not."""
+    legacy = [*VLLM, "rl.grpo_surrogate=legacy_pg", "rl.kl_beta=0"]
+    run_preflight(cfg(legacy))
+    with pytest.raises(PreflightError, match=r"rl.rollout_is_cap=3.5 .*never read"):
+        run_preflight(cfg([*legacy, "rl.rollout_is_cap=3.5"]))
 
 
 def test_without_the_environment_the_run_is_one_line_naming_the_install(monkeypatch, tmp_path):

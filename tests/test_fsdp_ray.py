@@ -115,9 +115,13 @@ def test_two_fsdp_ranks_make_the_single_rank_run(runs, tmp_path):
     got = AutoModelForCausalLM.from_pretrained(exported, local_files_only=True).state_dict()
     want = load_file(str(ckpt(out["local"]) / "model" / "model.safetensors"))
     initial = load_file(str(tiny / "model.safetensors"))
+    # Two ranks sum each gradient in another order (float32), and AdamW's normalised step turns
+    # that rounding into weight differences: 1.05e-6 relative on q_proj on one machine, under
+    # 1e-6 on another; 1e-5 leaves that margin and still fails for any shard that went wrong
+    # (a missed or doubled gradient moves a weight by ~lr, 1e-2 relative here).
     for k, w in want.items():
         rel = float((got[k] - w).norm() / w.norm())
-        assert rel <= 1e-6, (k, rel)
+        assert rel <= 1e-5, (k, rel)
     assert max(float((want[k] - initial[k]).abs().max()) for k in want) > 1e-3  # it trained
 
 

@@ -1,18 +1,19 @@
 # xdist: vllm unit (tests/conftest.py: the files that start vLLM engines share one worker)
 """rollout.engine=vllm on vLLM's CPU build (``.venv-vllm``, which ``make test`` builds).
 
-One engine serves the module (a start costs ~35 s): float32, eager, 1 GiB of KV. The model is a
+One engine serves the module (a start costs ~35-90 s): float32, eager, 1 GiB of KV. The model is a
 tiny Llama over the arithmetic alphabet with head_dim 32 (vLLM's CPU attention takes head sizes
 32, 64, ...; the tiny presets' 8 and 12 it refuses). Checked here: vLLM's processed log-probs
-agree with the trainer's own float32 forward at T=0.7 (the bound below); a bucketed sync through
-the weight sink gives exactly (bit for bit) the samples of a fresh engine started from the new
-weights, a 40-token prompt among them (not yet a test of the two traps themselves: it still
-passed with the prefix-cache reset removed, so no cached block of the old weights was reused
-here, and with the ``lm_head`` repack removed, since this tiny tied head showed no stale
-weights); a
-GRPO run samples with the engine and publishes ``train/rollout/logprob_abs_diff``; a dead vLLM
-process is one line naming the engine. Outside CI, without the environment, they are skipped;
-in CI (``CI`` set) that is a failure.
+agree with the trainer's own float32 forward at T=0.7 (the bound below); after a bucketed sync the
+engine's log-probs are the new weights' (the trainer's forward of the new policy, every sampled
+token, a 140-token prompt among them), and a sync back gives the first weights' samples bit for
+bit. Those two checks are where the two sync traps would show: KV of the old weights reused from
+the prefix cache (vLLM's CPU KV blocks hold 128 tokens, so only the 140-token prompt fills one:
+the test was seen to fail with the reset removed) and a tied ``lm_head`` that keeps its startup
+weights (oneDNN-packed in bf16 with AMX; float32 on this model did not show it). A GRPO run
+samples with the engine, its ``rl.rollout_is_cap`` on by default, and publishes
+``train/rollout/logprob_abs_diff``; a dead vLLM process is one line naming the engine. Outside
+CI, without the environment, they are skipped; in CI (``CI`` set) that is a failure.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ from posttrain.rollout.vllm_process import missing_vllm_message, vllm_python
 LOGPROB_BOUND = 5e-6
 OPTIONS = VllmOptions(dtype="float32", kv_cache_space_gib=1.0, enforce_eager=True)
 PROMPTS = [[1, 5, 6, 12, 7, 14], [1, 8, 12, 9, 14], [1, 5, 6, 12, 7, 14], [1, 13, 13, 12, 4, 14]]
-#: 40 tokens: past one 32-token KV block (meant for the prefix cache; see the module docstring).
-LONG = [1, *([5, 6, 12, 7, 14, 8, 12, 9] * 4), 13, 13, 12, 4, 14, 5, 6]
+#: vLLM's model length here: the test model's context.
+CONTEXT = 192
+#: 140 tokens: past one 128-token KV block of vLLM's CPU backend, so the prefix cache holds one.
+LONG = [1, *([5, 6, 12, 7, 14, 8, 12, 9] * 17), 13, 13, 12]
 
 
 def _need_vllm() -> None:
@@ -81,7 +84,7 @@ def build_model_dir(out: Path, seed: int, heads: int = 2) -> Path:
     2 heads), tied embeddings (so the ``lm_head`` trap is exercised), char-level tokenizer."""
     values = preset_config("arith")
     values.update(hidden_size=64, num_attention_heads=heads, num_key_value_heads=heads,
-                  intermediate_size=128, tie_word_embeddings=True, max_position_embeddings=64)  # fmt: skip
+                  intermediate_size=128, tie_word_embeddings=True, max_position_embeddings=CONTEXT)  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(LlamaConfig(**values))
@@ -140,42 +143,40 @@ def test_the_same_seed_gives_the_same_samples_and_greedy_reports_zero(engine):
 
 
 def test_a_prompt_past_the_model_length_is_one_line(engine):
-    with pytest.raises(ValueError, match=r"exceeds vLLM's max model length 64; raise vllm.max_"):
-        engine.generate([[1] * 60], n=2, max_tokens=8, seed=0)
+    with pytest.raises(ValueError, match=rf"exceeds vLLM's max model length {CONTEXT}; raise vl"):
+        engine.generate([[1] * (CONTEXT - 4)], n=2, max_tokens=8, seed=0)
 
 
-def test_a_bucketed_sync_gives_a_fresh_engines_samples_bit_for_bit(engine, folders):
-    prompts = [*PROMPTS, LONG]
-    before = engine.generate(prompts, n=2, temperature=0.7, max_tokens=16, seed=3)
-    policy, tokenizer = load_policy(folders[1])
-    source = WeightSource(policy, limit=16 * 1024)  # several buckets
+def _sync(engine: VllmRolloutEngine, policy) -> None:
+    """Full weights through the weight sink, in several buckets."""
+    source = WeightSource(policy, limit=16 * 1024)
     assert len(source.buckets) > 2
     sink = WeightSink(engine)
     version = engine.weight_version
     for k in range(len(source.buckets)):
         sink.receive(source.bucket(k), k == len(source.buckets) - 1)
     assert engine.weight_version == version + 1 and engine.last_reload_s > 0
+
+
+def test_a_bucketed_sync_samples_the_new_weights_and_a_sync_back_the_old_bit_for_bit(
+    engine, folders
+):
+    prompts = [*PROMPTS, LONG]
+    first, _ = load_policy(folders[0])
+    policy, _ = load_policy(folders[1])
+    before = engine.generate(prompts, n=2, temperature=0.7, max_tokens=16, seed=3)
+    _sync(engine, policy)
     synced = engine.generate(prompts, n=2, temperature=0.7, max_tokens=16, seed=3)
     assert not torch.equal(synced.batch.input_ids, before.batch.input_ids)
-    fresh = VllmRolloutEngine(policy, tokenizer, weights_from=folders[1], options=OPTIONS)
-    try:
-        want = fresh.generate(prompts, n=2, temperature=0.7, max_tokens=16, seed=3)
-        assert torch.equal(synced.batch.input_ids, want.batch.input_ids)
-        assert torch.equal(synced.batch.rollout_logprobs, want.batch.rollout_logprobs)
+    for weights, out in ((policy, synced), (first, before)):
         with torch.no_grad():
-            trainer = response_logprobs(policy, synced.batch, temperature=0.7)
-        gap = (trainer - synced.batch.rollout_logprobs).abs()[synced.batch.response_mask]
-        assert float(gap.max()) <= LOGPROB_BOUND  # the new weights, lm_head included
-        # A vLLM process that dies is one line naming the engine, at the next call.
-        os.killpg(fresh.process.proc.pid, signal.SIGKILL)
-        fresh.process.proc.wait(timeout=30)
-        with pytest.raises(RoleFailedError) as info:
-            fresh.generate(PROMPTS, n=2, max_tokens=4, seed=0)
-        text = str(info.value)
-        assert text.startswith("rollout.engine=vllm: the vLLM process exited with status -9")
-        assert "\n" not in text
-    finally:
-        fresh.close()
+            trainer = response_logprobs(weights, out.batch, temperature=0.7)
+        gap = (trainer - out.batch.rollout_logprobs).abs()[out.batch.response_mask]
+        assert float(gap.max()) <= LOGPROB_BOUND  # the new weights, lm_head and cached KV too
+    _sync(engine, first)
+    again = engine.generate(prompts, n=2, temperature=0.7, max_tokens=16, seed=3)
+    assert torch.equal(again.batch.input_ids, before.batch.input_ids)
+    assert torch.equal(again.batch.rollout_logprobs, before.batch.rollout_logprobs)
 
 
 def test_an_incomplete_sync_is_refused_in_one_line(engine, folders):
@@ -185,6 +186,17 @@ def test_an_incomplete_sync_is_refused_in_one_line(engine, folders):
     receiver.load({"model.norm.weight": policy.state_dict()["model.norm.weight"]})
     with pytest.raises(ValueError, match=r"weight\(s\) did not arrive .*reloads full weights"):
         receiver.end()
+
+
+def test_a_vllm_process_that_dies_is_one_line_naming_the_engine(engine):
+    """The module engine's last test: its process is killed, the next call says so."""
+    os.killpg(engine.process.proc.pid, signal.SIGKILL)
+    engine.process.proc.wait(timeout=30)
+    with pytest.raises(RoleFailedError) as info:
+        engine.generate(PROMPTS, n=2, max_tokens=4, seed=0)
+    text = str(info.value)
+    assert text.startswith("rollout.engine=vllm: the vLLM process exited with status -9")
+    assert "\n" not in text
 
 
 def _vllm_children() -> set[int]:
@@ -205,12 +217,12 @@ def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, fo
     opts = [
         f"job.output_root={tmp_path / 'out'}", f"model.name_or_path={folders[0]}",
         "rollout.engine=vllm", "rollout.dtype=float32", "rl.grpo_surrogate=clipped",
-        "rl.rollout_is_cap=2.0",
         "data.train_size=40", "data.val_size=4", "data.prompts_per_step=4", "rollout.n=4",
         "rollout.max_tokens=4", "rl.max_steps=3", "rl.save_every=3", "rl.eval_every=3",
         "rl.micro_batch_size=8", "logging.progress=false",
     ]  # fmt: skip
     config = load_config("arithmetic", ["--", *opts])
+    assert config.rl.rollout_is_cap == 2.0  # the correction is on by default with this engine
     before = _vllm_children()
     summary = grpo.run(config, "arithmetic", opts, grpo.default_out_dir(config))
     assert _vllm_children() == before  # the run ended its vLLM process

@@ -97,7 +97,8 @@ def apply_override(config: PosttrainConfig, opt: str) -> None:
 
 
 def apply_overrides(config: PosttrainConfig, opts: Sequence[str]) -> PosttrainConfig:
-    """Apply ``opts`` in order (later ones win) and return ``config``."""
+    """Apply ``opts`` in order (later ones win) and return ``config``, its cross-section
+    defaults settled again (``PosttrainConfig.resolved``)."""
     for opt in opts:
         apply_override(config, opt)
-    return config
+    return config.resolved()

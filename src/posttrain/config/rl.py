@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from posttrain.algorithm.primitives.choices import (
     AdvantageEstimator,
@@ -21,8 +21,10 @@ from posttrain.algorithm.primitives.choices import (
 from posttrain.config.base import Section
 from posttrain.config.user_code import split_spec
 
-#: ``rl.rollout_is_cap`` when ``rl.off_policy_lag >= 1`` and the cap is left unset: every sample
-#: then comes from older weights than the trainer's, so the behaviour-policy correction is on.
+#: ``rl.rollout_is_cap`` when the sampler is not the trainer's forward and the cap is left unset:
+#: under ``rl.off_policy_lag >= 1`` every sample comes from older weights than the trainer's, and
+#: ``rollout.engine=vllm`` samples with other kernels; either way the behaviour-policy correction
+#: is on.
 LAG_IS_CAP = 2.0
 
 
@@ -224,7 +226,7 @@ class RLConfig(Section):
         "(`clipped`, `cispo` and OPD's `advantage` mode): each token's policy-gradient term is weighted by "
         "min(π_old / π_rollout, cap). 0 turns it off. Matters when the rollout samples with "
         "other weights than the trainer scores with (`rollout.dtype`, `rl.off_policy_lag`). "
-        "Default: 0, or 2.0 when `rl.off_policy_lag >= 1`.",
+        "Default: 0, or 2.0 when `rl.off_policy_lag >= 1` or `rollout.engine=vllm`.",
     )
     off_policy_lag: int = Field(
         0,
@@ -274,19 +276,34 @@ class RLConfig(Section):
             raise ValueError("must be finite")
         return value
 
+    #: Whether the rollout samples with another engine than the trainer's forward (set by the
+    #: whole config, which knows ``rollout.engine``: :meth:`resolve_is_cap`).
+    _sampler_apart: bool = PrivateAttr(False)
+
     @model_validator(mode="after")
     def _lag_turns_is_correction_on(self) -> RLConfig:
-        # The cap's default depends on the lag; a value the user set (fields_set) is kept. The
-        # write bypasses assignment validation, which would re-enter this validator.
-        if self.off_policy_lag and "rollout_is_cap" not in self.model_fields_set:
-            self.__dict__["rollout_is_cap"] = LAG_IS_CAP
+        self._settle_is_cap()
         return self
 
+    def resolve_is_cap(self, sampler_apart: bool) -> None:
+        """Settle the cap's default once the engine is known (``PosttrainConfig.resolved``)."""
+        self._sampler_apart = sampler_apart
+        self._settle_is_cap()
+
+    def _auto_is_cap(self) -> float:
+        apart = getattr(self, "_sampler_apart", False)  # unset while pydantic builds the model
+        return LAG_IS_CAP if self.off_policy_lag or apart else 0.0
+
+    def _settle_is_cap(self) -> None:
+        # The cap's default depends on the lag and the engine; a value the user set (fields_set)
+        # is kept. The write bypasses assignment validation, which would re-enter the validator.
+        if "rollout_is_cap" not in self.model_fields_set:
+            self.__dict__["rollout_is_cap"] = self._auto_is_cap()
+
     def is_default(self, name: str) -> bool:
-        if name == "rollout_is_cap":  # under a lag both the schema's 0 and the lag's cap are
-            lag_default = LAG_IS_CAP if self.off_policy_lag else 0.0  # defaults, no claim
-            return self.rollout_is_cap in (self.default_of(name), lag_default)
-        return super().is_default(name)
+        if name == "rollout_is_cap":  # under a lag or vLLM both the schema's 0 and the cap
+            return self.rollout_is_cap in (self.default_of(name), self._auto_is_cap())  # are
+        return super().is_default(name)  # defaults: no claim
 
     @field_validator("objective_builder")
     @classmethod

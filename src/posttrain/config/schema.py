@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from posttrain.config.base import Section
 from posttrain.config.dpo import DPOConfig
@@ -50,6 +50,17 @@ class PosttrainConfig(Section):
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="Checkpoint retention."
     )
+
+    @model_validator(mode="after")
+    def _settle(self) -> PosttrainConfig:
+        return self.resolved()
+
+    def resolved(self) -> PosttrainConfig:
+        """Settle the defaults that depend on another section (``rl.rollout_is_cap`` on
+        ``rollout.engine``): at construction, and again after overrides (``apply_overrides``), since
+        assigning to a section does not validate the whole config."""
+        self.rl.resolve_is_cap(sampler_apart=self.rollout.engine == "vllm")
+        return self
 
     @classmethod
     def sections(cls) -> dict[str, type[Section]]:

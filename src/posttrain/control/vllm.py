@@ -104,8 +104,8 @@ def vllm_without_is_correction(cfg: PosttrainConfig) -> str | None:
         return None
     return (
         "rl.rollout_is_cap=0 with rollout.engine=vllm: vLLM's log-probs differ from the "
-        "trainer's (float32: ~1e-5, bf16: up to ~0.4) and nothing corrects for it; set "
-        "rl.rollout_is_cap=2.0"
+        "trainer's (float32: ~1e-5, bf16: up to ~0.4) and nothing corrects for it; leave "
+        "rl.rollout_is_cap unset (2.0 with this engine)"
     )
 
 
