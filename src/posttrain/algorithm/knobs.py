@@ -16,7 +16,7 @@ FIXED_SCALING = {"dr_grpo": "none", "reinforce_pp": "batch"}
 
 #: Every knob an advantage can depend on, the shaped task reward it is computed from included.
 ADVANTAGE_KNOBS = frozenset({
-    "rl.advantage_estimator", "rl.reward_scaling", "rl.advantage_eps",
+    "rl.advantage_estimator", "rl.reward_scaling", "rl.advantage_eps", "rl.credit",
     "reward.overlong_buffer", "reward.overlong_penalty",
 })  # fmt: skip
 
@@ -28,6 +28,11 @@ def advantage_reads(config) -> Reads:
     est = rl.advantage_estimator
     keys = {"rl.advantage_estimator", "reward.overlong_buffer"}
     unread: dict[str, str] = {}
+    env = getattr(config, "env", None)
+    if env is not None and env.name:
+        keys.add("rl.credit")
+    else:  # a single-turn response is one turn: per-turn credit is the trajectory's
+        unread["rl.credit"] = "one turn per response without env.name"
     if est in FIXED_SCALING:
         unread["rl.reward_scaling"] = f"rl.advantage_estimator={est} fixes its own scaling"
     else:
@@ -105,7 +110,12 @@ def grpo_reads(config: Any) -> Reads:
         unread["rl.reset_optimizer"] = (
             "read only at a reference reset (rl.reference_reset_every > 0)"
         )
-    return Reads(frozenset(keys), by, unread) | advantage_reads(config)
+    reads = Reads(frozenset(keys), by, unread) | advantage_reads(config)
+    if surrogate == "clipped" and rl.importance_sampling_level == "sequence":
+        # the sequence-level ratio is weighted by one advantage per response
+        why = {"rl.credit": "the sequence-level ratio takes one advantage per response"}
+        return Reads(reads.keys - {"rl.credit"}, by, {**reads.unread, **why})
+    return reads
 
 
 _CLIP = ("rl.epsilon_low", "rl.epsilon_high", "rl.lower_bound_ratio", "rl.rollout_is_cap")

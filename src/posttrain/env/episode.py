@@ -77,7 +77,9 @@ class Episode:
 
     ``reward`` sums the environment's step rewards (``None`` if it gave none); ``info`` sums
     its step infos, one entry per declared info key (0 where no step reported it), and adds
-    ``turns``, the :data:`TOKEN_COUNTS` and :data:`DROPPED`.
+    ``turns``, the :data:`TOKEN_COUNTS` and :data:`DROPPED`. ``turn_rewards`` holds the
+    reward of each policy turn, in order (0.0 for a turn whose step gave none or that was cut
+    before its step), for per-turn credit (``rl.credit=turn``).
     """
 
     ids: list[int]
@@ -89,6 +91,7 @@ class Episode:
     messages: list[Message]
     truncated: str | None
     done: bool
+    turn_rewards: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -102,6 +105,7 @@ class _State:
     prompt_len: int
     turns: int = 0
     rewards: list[float] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
     info: dict[str, float] = field(default_factory=dict)
     truncated: str | None = None
     done: bool = False
@@ -127,6 +131,7 @@ class _State:
             messages=self.messages,
             truncated=self.truncated,
             done=self.done,
+            turn_rewards=list(self.turn_rewards),
         )
 
 
@@ -167,6 +172,7 @@ def _take_turn(
         )
     s.traj.add(out, policy=True)
     s.turns += 1
+    s.turn_rewards.append(0.0)
     content = decode(tokenizer, out[:-1] if stopped else out)
     s.messages.append({"role": "assistant", "content": content})
     if not stopped:
@@ -180,6 +186,7 @@ def _take_turn(
         s.info[key] = s.info.get(key, 0) + value
     if step.reward is not None:
         s.rewards.append(float(step.reward))
+        s.turn_rewards[-1] = float(step.reward)
     if step.done:
         s.finish(done=True)
         return

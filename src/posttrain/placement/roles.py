@@ -287,6 +287,7 @@ class RewardRole:
             max_tokens=cfg.rollout.max_tokens,
             mask_truncated=rw.mask_truncated,
             dtype=_float_dtype(cfg.model.dtype),
+            credit=cfg.rl.credit,
         )
         # The environments (env.name) run here, in the reward role's process.
         self.episodes = EpisodeHost(cfg, _load_tokenizer(cfg)) if cfg.env.name else None

@@ -35,7 +35,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posttrain.algorithm.annotators.advantage import group_advantages, shared_prefix_mask
+from posttrain.algorithm.annotators.advantage import (
+    group_advantages,
+    shared_prefix_mask,
+    turn_advantages,
+)
 from posttrain.algorithm.primitives.choices import AdvantageEstimator, RewardScaling
 from posttrain.data.tasks.base import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
@@ -51,6 +55,10 @@ from posttrain.reward.verifiers import VerifierName, get_verifier
 
 #: The batch column of a multi-turn rollout holding each row's environment reward.
 ENV_REWARD_COLUMN = "env_reward"
+#: Per-token columns of a multi-turn rollout: each token's policy turn (1, 2, ...; 0 off the
+#: policy) and that turn's environment reward, read by ``credit="turn"``.
+TURN_COLUMN = "env_turn"
+TURN_REWARD_COLUMN = "env_turn_reward"
 
 
 @dataclass(frozen=True)
@@ -123,7 +131,11 @@ class RewardStage:
         max_tokens: int | None = None,
         mask_truncated: bool = False,
         dtype: torch.dtype = torch.float32,
+        credit: str = "trajectory",
     ) -> None:
+        if credit not in ("trajectory", "turn"):
+            raise ValueError(f"reward credit must be 'trajectory' or 'turn', got {credit!r}")
+        self.credit = credit
         self.verifier_name = verifier
         self._verify = get_verifier(verifier)
         if not math.isfinite(format_weight):
@@ -238,6 +250,20 @@ class RewardStage:
             lengths, self.max_tokens, self.overlong_buffer
         )
 
+    def _advantages(self, batch: TrajectoryBatch, rewards: Tensor) -> tuple[Tensor, dict]:
+        """``[B]`` (``credit="trajectory"``) or per-turn ``[B, R]`` (``credit="turn"``)."""
+        kw = dict(group_size=self.group_size, estimator=self.estimator, scaling=self.scaling,
+                  eps=self.advantage_eps)  # fmt: skip
+        if self.credit == "trajectory":
+            return group_advantages(rewards, batch.group_ids, **kw)
+        turn, per = batch.columns.get(TURN_COLUMN), batch.columns.get(TURN_REWARD_COLUMN)
+        if turn is None or per is None:
+            raise ValueError(
+                "reward stage: credit='turn' needs a multi-turn rollout's per-turn columns "
+                f"({TURN_COLUMN!r}, {TURN_REWARD_COLUMN!r}); set env.name or credit='trajectory'"
+            )
+        return turn_advantages(rewards, turn, per, batch.group_ids, **kw)
+
     def rollout_scores(
         self, batch: TrajectoryBatch, completions: Sequence[str], items: Sequence[TaskItem]
     ) -> RowScores:
@@ -292,14 +318,7 @@ class RewardStage:
         elif scores.rewards.shape != (n,):
             raise ValueError(f"reward stage: scores have {scores.rewards.shape} rows, batch {n}")
         lengths = batch.response_mask.sum(1).to(torch.float64)
-        adv, stats = group_advantages(
-            scores.rewards,
-            batch.group_ids,
-            group_size=self.group_size,
-            estimator=self.estimator,
-            scaling=self.scaling,
-            eps=self.advantage_eps,
-        )
+        adv, stats = self._advantages(batch, scores.rewards)
         changes: dict[str, Tensor] = {
             "rewards": scores.rewards.to(self.dtype),
             "advantages": adv.to(self.dtype),

@@ -13,7 +13,9 @@ tokens; ``rollout_logprobs`` is 0 on them. Per-row counts travel as batch column
 aligned through dynamic sampling and reach the reward metrics: ``env_turns`` and one
 ``env_<key>`` per info key the environment declares (:func:`info_column`; the reward role reads
 the declaration once per run, so every batch of a run has the same columns and rounds join).
-The environment's reward travels the same way (``env_reward``) to the reward stage's score.
+The environment's reward travels the same way (``env_reward``) to the reward stage's score,
+and, per token, which policy turn each token belongs to (``env_turn``: 1, 2, ...; 0 on the
+environment's tokens) and that turn's reward (``env_turn_reward``), for ``rl.credit=turn``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.env.episode import TOKEN_COUNTS, Episode
-from posttrain.reward.stage import ENV_REWARD_COLUMN
+from posttrain.reward.stage import ENV_REWARD_COLUMN, TURN_COLUMN, TURN_REWARD_COLUMN
 from posttrain.rollout.base import Rollout
 
 #: Truncation reasons, coded in the ``env_truncation`` column (0: not truncated).
@@ -34,7 +36,7 @@ TRUNCATION_COLUMN = "env_truncation"
 #: What every multi-turn column's name starts with.
 PREFIX = "env_"
 #: The ``env_*`` columns that are not per-trajectory info counts (never published as a mean).
-NOT_INFO = (ENV_REWARD_COLUMN, TRUNCATION_COLUMN)
+NOT_INFO = (ENV_REWARD_COLUMN, TRUNCATION_COLUMN, TURN_COLUMN, TURN_REWARD_COLUMN)
 
 
 def info_column(key: str) -> str:
@@ -77,6 +79,24 @@ def _last_turn(ep: Episode) -> list[int]:
     return ep.ids[start:end]
 
 
+def _turn_columns(ep: Episode, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each response token's policy turn (1-based; 0 off the policy) and that turn's reward."""
+    turn = torch.zeros(width, dtype=torch.float64)
+    reward = torch.zeros(width, dtype=torch.float64)
+    k, prev = 0, 0
+    for t, m in enumerate(ep.mask[ep.prompt_len :]):
+        k += int(bool(m) and not prev)  # a run of policy tokens is one turn
+        prev = m
+        if m:
+            turn[t] = k
+            reward[t] = ep.turn_rewards[k - 1] if k <= len(ep.turn_rewards) else 0.0
+    if ep.turn_rewards and k != len(ep.turn_rewards):  # the driver's episodes always match
+        raise ValueError(
+            f"episode has {len(ep.turn_rewards)} turn rewards but {k} runs of policy tokens"
+        )
+    return turn, reward
+
+
 def episodes_rollout(
     episodes: Sequence[Episode],
     logprobs: dict[int, list[float]],
@@ -94,6 +114,8 @@ def episodes_rollout(
     attention = torch.zeros((b, p + r), dtype=torch.long)
     policy = torch.zeros((b, r), dtype=torch.bool)
     lp = torch.zeros((b, r), dtype=torch.float32)
+    turn = torch.zeros((b, r), dtype=torch.float64)
+    turn_reward = torch.zeros((b, r), dtype=torch.float64)
     for i, e in enumerate(episodes):
         prompt, resp = e.ids[: e.prompt_len], e.ids[e.prompt_len :]
         ids[i, p - len(prompt) : p] = torch.as_tensor(prompt, dtype=torch.long)
@@ -108,6 +130,7 @@ def episodes_rollout(
                 "policy tokens"
             )
         lp[i, policy[i]] = torch.as_tensor(sampled, dtype=torch.float32)
+        turn[i], turn_reward[i] = _turn_columns(e, r)
     # the declared keys (the same in every episode of a run), in first-seen order
     keys = dict.fromkeys(k for e in episodes for k in e.info if k not in TOKEN_COUNTS)
     keys.pop("turns", None)
@@ -120,6 +143,7 @@ def episodes_rollout(
     columns[ENV_REWARD_COLUMN] = torch.as_tensor(
         [0.0 if e.reward is None else float(e.reward) for e in episodes], dtype=torch.float64
     )
+    columns[TURN_COLUMN], columns[TURN_REWARD_COLUMN] = turn, turn_reward
     columns[TRUNCATION_COLUMN] = torch.as_tensor(
         [0.0 if e.truncated is None else 1.0 + TRUNCATIONS.index(e.truncated) for e in episodes]
     )

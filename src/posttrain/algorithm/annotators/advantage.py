@@ -141,3 +141,48 @@ def shared_prefix_mask(response_ids: Tensor, response_mask: Tensor, group_ids: T
         k = int(not_same[0]) if not_same.numel() else r
         out[rows] &= (positions >= k).unsqueeze(0)
     return out
+
+
+def turn_advantages(
+    rewards: Tensor,
+    turn: Tensor,
+    turn_reward: Tensor,
+    group_ids: Tensor,
+    *,
+    group_size: int | None,
+    estimator: str = "grpo",
+    scaling: str = "group",
+    eps: float = 1e-6,
+) -> tuple[Tensor, dict[str, float]]:
+    """Per-token advantages from each turn's reward-to-go (``rl.credit=turn``), ``[N, R]``.
+
+    ``rewards`` ``[N]``: each trajectory's whole score. ``turn`` ``[N, R]``: the policy turn of
+    each response token (1, 2, ...; 0 off the policy). ``turn_reward`` ``[N, R]``: the
+    environment's reward for that token's turn. The rest of the score (verifier, format,
+    reward functions: they read the last turn) is paid at the row's last turn. Turn ``k``'s
+    return is ``G_k = sum_{j >= k} r_j`` (0 for a row that ended before ``k``), ``G_1`` being
+    exactly ``rewards``; its tokens get :func:`group_advantages` of ``G_k`` over the group,
+    so a later turn is judged by what it earned and not by the earlier turns' variance, and
+    a row of one turn gets the sequence-level advantage bit for bit. Stats are turn 1's.
+    """
+    if turn.shape != turn_reward.shape or turn.dim() != 2 or turn.shape[0] != rewards.shape[0]:
+        raise ValueError(
+            f"turn {tuple(turn.shape)} and turn_reward {tuple(turn_reward.shape)} must both be "
+            f"[N={rewards.shape[0]}, R]"
+        )
+    idx = turn.to(torch.int64)
+    k_max = max(int(idx.max()), 1) if idx.numel() else 1
+    # per[i, k]: the environment's reward of row i's turn k (column 0 collects off-policy zeros)
+    per = torch.zeros((idx.shape[0], k_max + 1), dtype=rewards.dtype)
+    per.scatter_(1, idx, turn_reward.to(rewards.dtype))
+    per[:, 0] = 0
+    last = idx.max(1).values
+    rest = rewards - per.sum(1)
+    kw = dict(group_size=group_size, estimator=estimator, scaling=scaling, eps=eps)
+    first, stats = group_advantages(rewards, group_ids, **kw)
+    by_turn = [torch.zeros_like(rewards), first]
+    for k in range(2, k_max + 1):
+        to_go = per[:, k:].sum(1) + torch.where(last >= k, rest, 0.0)
+        by_turn.append(group_advantages(to_go, group_ids, **kw)[0])
+    table = torch.stack(by_turn, 1)  # [N, K + 1]; column 0 for tokens off the policy
+    return table.gather(1, idx), stats
