@@ -81,19 +81,20 @@ def _last_turn(ep: Episode) -> list[int]:
 
 def _turn_columns(ep: Episode, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each response token's policy turn (1-based; 0 off the policy) and that turn's reward."""
-    turn = torch.zeros(width, dtype=torch.float64)
-    reward = torch.zeros(width, dtype=torch.float64)
-    k, prev = 0, 0
-    for t, m in enumerate(ep.mask[ep.prompt_len :]):
-        k += int(bool(m) and not prev)  # a run of policy tokens is one turn
-        prev = m
-        if m:
-            turn[t] = k
-            reward[t] = ep.turn_rewards[k - 1] if k <= len(ep.turn_rewards) else 0.0
+    m = torch.tensor(ep.mask[ep.prompt_len :], dtype=torch.bool)
+    prev = torch.zeros_like(m)
+    prev[1:] = m[:-1]
+    of = torch.cumsum(m & ~prev, 0) * m  # a run of policy tokens is one turn
+    k = int(of.max()) if of.numel() else 0
     if ep.turn_rewards and k != len(ep.turn_rewards):  # the driver's episodes always match
         raise ValueError(
             f"episode has {len(ep.turn_rewards)} turn rewards but {k} runs of policy tokens"
         )
+    per_turn = torch.tensor([0.0, *(ep.turn_rewards or [0.0] * k)], dtype=torch.float64)
+    turn = torch.zeros(width, dtype=torch.float64)
+    reward = torch.zeros(width, dtype=torch.float64)
+    turn[: len(of)] = of.to(torch.float64)
+    reward[: len(of)] = per_turn[of]
     return turn, reward
 
 
