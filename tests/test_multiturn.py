@@ -272,19 +272,13 @@ def test_multiturn_grpo_run_logs_env_metrics_and_is_split_invariant(tmp_path, mo
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5, abs=1e-7)
 
 
-def _comparable(rows: list[dict]) -> list[tuple]:
-    keys = ("train/loss", "train/env/turns_mean", "train/env/env_tokens_mean", "val/accuracy")
-    return [(r["step"], *(r.get(k) for k in keys)) for r in rows]
-
-
-def test_kill_9_mid_run_then_resume_matches_the_straight_multiturn_run(tmp_path, model_dir) -> None:
+def _killed_at_save_2(run) -> None:
+    """``run()`` in a forked child, SIGKILLed as it writes step 2's checkpoint manifest."""
     import os
     import signal
 
     import posttrain.trainer.checkpoint as checkpoint_module
 
-    knobs = {"rl.max_steps": 3, "rl.save_every": 1, "rl.eval_every": 3}
-    straight = _comparable(_run(tmp_path / "a", model_dir, "mt-resume", **knobs))
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child is killed (or exits) before returning
         try:
@@ -297,11 +291,22 @@ def test_kill_9_mid_run_then_resume_matches_the_straight_multiturn_run(tmp_path,
                 real(d, step)
 
             checkpoint_module.write_manifest = die_at_2
-            _run(tmp_path / "b", model_dir, "mt-resume", **knobs)
+            run()
         finally:
             os._exit(1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+
+
+def _comparable(rows: list[dict]) -> list[tuple]:
+    keys = ("train/loss", "train/env/turns_mean", "train/env/env_tokens_mean", "val/accuracy")
+    return [(r["step"], *(r.get(k) for k in keys)) for r in rows]
+
+
+def test_kill_9_mid_run_then_resume_matches_the_straight_multiturn_run(tmp_path, model_dir) -> None:
+    knobs = {"rl.max_steps": 3, "rl.save_every": 1, "rl.eval_every": 3}
+    straight = _comparable(_run(tmp_path / "a", model_dir, "mt-resume", **knobs))
+    _killed_at_save_2(lambda: _run(tmp_path / "b", model_dir, "mt-resume", **knobs))
     resumed = _comparable(_run(tmp_path / "b", model_dir, "mt-resume", **knobs))
     assert resumed == straight and len(straight) == 4  # steps 0 (eval) to 3
 

@@ -216,33 +216,12 @@ def test_turn_credit_with_the_sequence_level_ratio_is_refused_in_one_line(model_
 def test_kill_9_mid_run_then_resume_matches_the_straight_run_with_turn_credit(
     tmp_path, model_dir
 ) -> None:
-    import os
-    import signal
-
-    from test_multiturn import _comparable, _run
-
-    import posttrain.trainer.checkpoint as checkpoint_module
+    from test_multiturn import _comparable, _killed_at_save_2, _run
 
     knobs = {"rl.max_steps": 3, "rl.save_every": 1, "rl.eval_every": 3, "rl.credit": "turn"}
     straight = _comparable(_run(tmp_path / "a", model_dir, "tc-resume", **knobs))
     trajectory = _run(tmp_path / "c", model_dir, "tc-traj", **{**knobs, "rl.credit": "trajectory"})
     assert _comparable(trajectory) != straight  # the credit changes the loss
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child is killed (or exits) before returning
-        try:
-            torch.set_num_threads(1)
-            real = checkpoint_module.write_manifest
-
-            def die_at_2(d, step):
-                if step == 2:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                real(d, step)
-
-            checkpoint_module.write_manifest = die_at_2
-            _run(tmp_path / "b", model_dir, "tc-resume", **knobs)
-        finally:
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+    _killed_at_save_2(lambda: _run(tmp_path / "b", model_dir, "tc-resume", **knobs))
     resumed = _comparable(_run(tmp_path / "b", model_dir, "tc-resume", **knobs))
     assert resumed == straight and len(straight) == 4  # steps 0 (eval) to 3
