@@ -46,6 +46,21 @@ def test_the_mask_is_every_assistant_span_with_its_stop_token(tmp_path):
     assert shown == ["<tool_call>12+7</tool_call><eos>", "19<eos>"] and data.fallback is None
 
 
+def test_an_assistant_turn_of_weight_0_is_context(tmp_path):
+    """OpenAI's ``weight``: 0 leaves the turn in the text, out of the loss (a worked example
+    before the question); the ids are those of the row without the key."""
+    tok = build_tools_tokenizer()
+    example = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]
+    plain = {"messages": [*example, *CONVERSATION[1:]], "tools": TOOLS}
+    weighted = {"messages": [example[0], {**example[1], "weight": 0}, *CONVERSATION[1:]],
+                "tools": TOOLS}  # fmt: skip
+    both = load_sft(write(tmp_path, plain, weighted), tok, 300, "error").rows
+    assert both[0].ids == both[1].ids and "weight" not in tok.decode(both[1].ids)
+    assert trained_text(tok, both[0]).replace("·", " ").split()[0] == "2<eos>"
+    shown = trained_text(tok, both[1]).replace("·", " ").split()
+    assert shown == ["<tool_call>12+7</tool_call><eos>", "19<eos>"]
+
+
 def test_prompt_completion_rows_and_the_no_template_fallback(tmp_path):
     path = write(tmp_path, {"prompt": "2+2=", "completion": "4"})
     (row,) = load_sft(path, build_tools_tokenizer(), 50, "error").rows
@@ -125,6 +140,18 @@ def test_tool_calls_are_rendered_by_the_template_and_their_arguments_parsed(tmp_
     ("row", "fragment"),
     [
         ({"messages": [{"role": "user", "content": "hi"}]}, "rows.jsonl:2: no assistant turn"),
+        ({"messages": [{"role": "user", "content": "hi"},
+                       {"role": "assistant", "content": "x", "weight": 0}]},
+         "rows.jsonl:2: no assistant turn of weight 1"),
+        ({"messages": [{"role": "user", "content": "hi", "weight": 0},
+                       {"role": "assistant", "content": "x"}]},
+         "rows.jsonl:2: message 0 has \"weight\" 0; only an assistant turn takes one"),
+        ({"messages": [{"role": "user", "content": "hi"},
+                       {"role": "assistant", "content": "x", "weight": 0.5}]},
+         "rows.jsonl:2: message 1 has \"weight\" 0.5"),
+        ({"messages": [{"role": "user", "content": "hi"},
+                       {"role": "assistant", "content": "x", "weight": True}]},
+         "rows.jsonl:2: message 1 has \"weight\" True"),
         ({"messages": [{"role": "robot", "content": "hi"}, {"role": "assistant", "content": "x"}]},
          "rows.jsonl:2: message 0 has role 'robot', which the chat template does not know"),
         ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "",

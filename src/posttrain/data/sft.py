@@ -89,14 +89,25 @@ def _messages(row: dict, where: str) -> tuple[list[dict], list[dict]]:
         content = m.get("content")
         if content is not None and not isinstance(content, str):
             raise SFTDataError(f"{where}: message {k} content must be a string or null")
+        weight = m.get("weight", 1)  # OpenAI's fine-tuning key: 0 makes the turn context
+        if (
+            (role != "assistant" and "weight" in m)
+            or type(weight) is not int
+            or weight not in (0, 1)
+        ):
+            raise SFTDataError(
+                f'{where}: message {k} has "weight" {weight!r}; only an assistant turn takes '
+                "one, 0 (context) or 1 (trained, the default)"
+            )
         msg = {**m, "content": content or ""}
         if "tool_calls" in m:
             msg["tool_calls"] = [_tool_call(c, f"{where}: message {k} tool call {j}")
                                  for j, c in enumerate(m["tool_calls"] or [])]  # fmt: skip
         out.append(msg)
-    if not any(m["role"] == "assistant" for m in out):
+    if not any(m["role"] == "assistant" and m.get("weight", 1) for m in out):
         raise SFTDataError(
-            f"{where}: no assistant turn (nothing to train on); add one or remove the row"
+            f"{where}: no assistant turn of weight 1 (nothing to train on); add one or remove "
+            "the row"
         )
     return out, tools
 
@@ -123,10 +134,11 @@ def _tool_call(call: Any, where: str) -> dict:
 def _spans(tokenizer: Any, messages: list[dict], tools: list[dict], stop: str, last_only: bool):
     """``[(text, trained)]`` pieces of the conversation up to its last assistant turn, or None
     when the template is not prefix-stable for it (see the module rule)."""
-    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and m.get("weight", 1)]
     if last_only:
         turns = turns[-1:]
-    messages = messages[: turns[-1] + 1]
+    # a turn of weight 0 is context; the key is the row's, never the template's
+    messages = [{k: v for k, v in m.items() if k != "weight"} for m in messages[: turns[-1] + 1]]
     pieces: list[tuple[str, bool]] = []
     done = ""
     for i in turns:
