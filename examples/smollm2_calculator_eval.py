@@ -1,13 +1,16 @@
 """Held-out accuracy of a policy with and without the calculator, per kind of problem.
 
-    python examples/smollm2_calculator_eval.py --out outputs/calc_eval/base -- \\
-        model.name_or_path=outputs/models/smollm2-135m-instruct
+    python examples/smollm2_calculator_eval.py --out outputs/calc_eval/base
+    python examples/smollm2_calculator_eval.py --model outputs/sft/smollm2_135m_calculator_sft/final_model \\
+        --out outputs/calc_eval/sft
     python examples/smollm2_calculator_eval.py --run outputs/grpo/smollm2_135m_calculator \\
         --out outputs/calc_eval/after
 
 Without ``--run`` the policy is the recipe's starting model (``--config``, default
-``smollm2_calculator``, plus the overrides after ``--``); with ``--run`` it is that run's newest
-checkpoint under the run's own resolved config (``RUN/config.yaml``). Both evaluations are
+``smollm2_calculator``, plus the overrides after ``--``), or with ``--model`` any Hugging Face
+model folder (the base model, an SFT or GRPO run's ``final_model``) under that recipe; with
+``--run`` it is that run's newest checkpoint under the run's own resolved config
+(``RUN/config.yaml``). Both evaluations are
 greedy, on the same held-out problems, through the training run's own roles (local placement):
 *with the tool* is the run's multi-turn evaluation (``env.name``), *without* is one turn on the
 same prompt minus the tool's part of the system message (``data.system_prompt``). Prints a
@@ -115,14 +118,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="smollm2_calculator")
     parser.add_argument("--run", help="a training run directory: evaluate its newest checkpoint")
+    parser.add_argument("--model", help="a model folder, under --config (model.name_or_path)")
     parser.add_argument("--out", required=True, help="where summary.json and rows.jsonl go")
     args = parser.parse_args(argv[:cut])
+    if args.run and args.model:
+        parser.error("--run evaluates the run's own checkpoint; give --run or --model")
     out = Path(args.out)
+    overrides = argv[cut + 1 :]
     if args.run:
-        config = load_config(Path(args.run) / "config.yaml", ["--", *argv[cut + 1 :]])
+        config = load_config(Path(args.run) / "config.yaml", ["--", *overrides])
         config.rl.resume, run_dir = "must", Path(args.run)
     else:
-        config = load_config(args.config, ["--", *argv[cut + 1 :]])
+        model = [f"model.name_or_path={args.model}"] if args.model else []
+        config = load_config(args.config, ["--", *model, *overrides])
         config.rl.resume, run_dir = "off", out / "policy"
     items = load_tasks(config).val_items()
     ensure_model(config)
@@ -134,11 +142,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         rows, metrics = evaluate_policy(roles, config, tokenizer, items)
     finally:
         roles.close()
-    summary = {"step": state.step if state else 0, **summarize(rows), "env_metrics": metrics}
+    summary = {"step": state.step if state else 0, "model": config.model.name_or_path,
+               **summarize(rows), "env_metrics": metrics}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    print(f"step {summary['step']}, {len(rows)} held-out problems, greedy")
+    print(f"{summary['model']} step {summary['step']}, {len(rows)} held-out problems, greedy")
     print(table(summary))
     return summary
 

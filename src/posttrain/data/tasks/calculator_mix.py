@@ -14,22 +14,31 @@ reasoning-gym's ``basic_arithmetic``: it evaluates left to right, so its gold an
 ``50 + 83 * 6`` is 798, not 548.
 
 The problems are written as two GSM8K-format JSON Lines files for ``data.task=jsonl`` (the
-held-out file first, then the train file without any held-out question)::
+held-out file first, then the train file without any held-out question; ``--val`` and
+``--train`` change the counts, the defaults write the shipped files)::
 
     python -m posttrain.data.tasks.calculator_mix examples/smollm2_calculator
+
+The held-out problems are drawn one after another from one seed, so the first 100 of the 200
+are the 100 of the files before the split grew. ``calculator_demos`` turns train problems into
+tool-call demonstrations for SFT.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from posttrain.env.calculator import calculator
 
 #: Problem kinds, in the order each block of four draws them.
 KINDS = ("+", "-", "*", "mixed")
+#: Held-out and train problems of the shipped files (the first 100 held-out ones are those of
+#: the files before the held-out split grew to 200: the draw is sequential).
+VAL, TRAIN = 200, 2000
 
 
 def _number(rng: random.Random, low_digits: int, high_digits: int) -> int:
@@ -74,7 +83,7 @@ def problems(seed: int, count: int, exclude: set[str] = frozenset()) -> list[dic
     return out
 
 
-def write_splits(out_dir: Path, *, seed: int = 0, val: int = 100, train: int = 2000) -> None:
+def write_splits(out_dir: Path, *, seed: int = 0, val: int = VAL, train: int = TRAIN) -> None:
     """``val.jsonl`` (held out) and ``train.jsonl`` (disjoint from it) under ``out_dir``."""
     held = problems(seed, val)
     rest = problems(seed + 1, train, exclude={p["question"] for p in held})
@@ -84,7 +93,15 @@ def write_splits(out_dir: Path, *, seed: int = 0, val: int = 100, train: int = 2
         (out_dir / name).write_text(text, encoding="utf-8")
 
 
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Write val.jsonl and train.jsonl under OUT_DIR.")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--val", type=int, default=VAL, help=f"held-out problems ({VAL})")
+    parser.add_argument("--train", type=int, default=TRAIN, help=f"train problems ({TRAIN})")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    write_splits(args.out_dir, seed=args.seed, val=args.val, train=args.train)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m posttrain.data.tasks.calculator_mix OUT_DIR")
-    write_splits(Path(sys.argv[1]))
+    main()
