@@ -52,6 +52,8 @@ SKIPPED = {
     "posttrain plot outputs/grpo/smollm2_135m_basic_arithmetic": "plots the SmolLM2 run above",
     "posttrain grpo --config smollm2_calculator": "SmolLM2-135M training with the calculator, "
     "about 30 minutes on a CPU",
+    "posttrain sft --config sft_smollm2_calculator": "SmolLM2-135M SFT (its files are not in "
+    "CI); tests/test_smollm2_calculator.py runs the recipe on a tiny model",
     "python examples/smollm2_calculator_eval.py": "evaluates SmolLM2-135M (its files are not in "
     "CI); tests/test_smollm2_calculator.py runs the script on a tiny model",
     "posttrain grpo --config my_recipe.py": "a user's recipe on a Ray cluster (placeholders)",

@@ -1,11 +1,15 @@
 """SmolLM2-135M-Instruct with the calculator tool, on arithmetic it gets wrong unaided.
 
 The problems (``posttrain.data.tasks.calculator_mix``: sums of four terms, three-digit
-differences, three-digit products, mixed expressions; 100 held out) are two JSONL files under
+differences, three-digit products, mixed expressions; 200 held out) are two JSONL files under
 ``examples/smollm2_calculator``. The model folder follows ``smollm2_reasoning_gym``'s convention::
 
     posttrain model import-gguf --out outputs/models/smollm2-135m-instruct
     posttrain grpo --config smollm2_calculator
+
+The model never calls the tool from this prompt, so RL alone learns nothing; the cold start is
+SFT on tool-call demonstrations (``sft_smollm2_calculator``), and GRPO starts from its export
+(``model.name_or_path=outputs/sft/smollm2_135m_calculator_sft/final_model``).
 
 SmolLM2's chat template ignores ``tools=`` and has no ``tool`` role, so the environment is the
 tools environment in its fallback mode (:func:`calculator_environment`): the call format is
