@@ -27,6 +27,7 @@ EXPECTED_WARNINGS = {
     "opd_arithmetic": [],
     "dpo_shapes": [],
     "sft_tools_tiny": [],
+    "sft_smollm2_calculator": [],
     "lmdpo_tools_tiny": [],
     "rft_arithmetic": [],
     "rft_arithmetic_sft": [],

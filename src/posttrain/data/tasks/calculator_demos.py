@@ -48,7 +48,6 @@ def demonstration(env: Any, problem: dict[str, str]) -> dict[str, Any]:
     question = problem["question"]
     expr = expression_of(question)
     opening = env.reset({"prompt": question})
-    n_context = len(opening)
     args = {"name": "calculator", "arguments": {"expression": expr}}
     call = {"role": "assistant", "content": f"{CALL_OPEN}{json.dumps(args)}{CALL_CLOSE}"}
     step = env.step([*opening, call])
@@ -60,8 +59,8 @@ def demonstration(env: Any, problem: dict[str, str]) -> dict[str, Any]:
     if value != gold:
         raise ValueError(f"{question!r}: the calculator says {value}, the gold answer is {gold}")
     answer = {"role": "assistant", "content": f"{expr} = {value}"}
+    # the worked example's turns are the rollout's prompt: context, not trained
     context = [{**m, "weight": 0} if m["role"] == "assistant" else m for m in opening]
-    assert len(context) == n_context
     return {"messages": [*context, call, *step.messages, answer]}
 
 
