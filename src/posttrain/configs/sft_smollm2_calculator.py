@@ -40,7 +40,9 @@ def build_config() -> PosttrainConfig:
 
     cfg.rl.lr = 5e-4
     cfg.rl.lr_schedule = "constant"
-    # 40 steps x 8 rows: one pass over the 320 rows (a step took ~28 s on one shared thread).
+    # 40 steps x 8 rows: one pass over the 320 rows, 23 s a step on one shared CPU thread in
+    # bfloat16. The held-out loss was 0.0009 by step 10 (0.2367 before), and 1 step alone left
+    # a model that calls only when sampling, which GRPO then took to 0.99 (docs/guides/tools.md).
     cfg.rl.max_steps = 40
     cfg.rl.eval_every = 10
     cfg.rl.save_every = 20
