@@ -2,6 +2,7 @@
 
     python benchmarks/update_phases.py --workload smollm2 --repeats 2
     python benchmarks/update_phases.py --workload small --profile      # + torch.profiler's ops
+    python benchmarks/update_phases.py --workload smollm2 --bf16 --profile   # bf16 compute
 
 The workload is one of ``vs_trl.py``'s (the same posttrain settings). One rollout batch is
 collected, then the update runs ``--repeats`` times on that same batch (each repeat moves the
@@ -26,6 +27,8 @@ def main() -> None:
     ap.add_argument("--workload", default="smollm2")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="print the top ops of the last one")
+    ap.add_argument("--bf16", action="store_true", help="model.dtype=bfloat16 (bf16 autocast)")
+    ap.add_argument("--top", type=int, default=25, help="ops --profile prints")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import torch
@@ -43,7 +46,8 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(w.threads))
     torch.set_num_threads(w.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        side = PosttrainSide(w, vs_trl.model_folder(w, Path(tmp)), Path(tmp) / "out", 1)
+        extra = ("model.dtype=bfloat16", "rollout.dtype=bfloat16") if args.bf16 else ()
+        side = PosttrainSide(w, vs_trl.model_folder(w, Path(tmp)), Path(tmp) / "out", 1, extra)
         _, result, times = collect(side.config, side.roles, side.tokenizer, side.tasks, 0, 1)
         batch = result.batch
         print(f"{args.workload}: batch {tuple(batch.input_ids.shape)} (prompt width "
@@ -73,7 +77,9 @@ def main() -> None:
             side.clock.armed = False
             if profiler is not None:
                 profiler.__exit__(None, None, None)
-                print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+                print(
+                    profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top)
+                )
             phases = side.clock.take()
             phases["optimizer"] = optim["s"]
             phases["loss_backward"] = total - sum(phases.values())

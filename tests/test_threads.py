@@ -7,7 +7,13 @@ import sys
 
 import pytest
 
-from posttrain.placement.threads import NodeLoad, node_load, oversubscription, set_torch_threads
+from posttrain.placement.threads import (
+    NodeLoad,
+    node_load,
+    oversubscription,
+    runs_posttrain,
+    set_torch_threads,
+)
 
 
 @pytest.mark.parametrize(
@@ -72,3 +78,24 @@ def test_node_load_reads_this_machine_without_torch():
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     assert node_load().cores >= 1
+
+
+@pytest.mark.parametrize(
+    "line, counted",
+    [
+        ("/venv/bin/python /venv/bin/posttrain grpo --config arithmetic", True),
+        ("/venv/bin/posttrain sft --config sft_tools_tiny", True),
+        ("python3 -m posttrain grpo", True),
+        ("python -u -m posttrain.cli grpo", True),
+        # a command line that merely mentions posttrain runs no torch threads of ours
+        ("flock -x /tmp/posttrain-heavy.lock ./run.sh", False),
+        ("/bin/bash -c cd /work/posttrain && make test", False),
+        ("vim src/posttrain/placement/threads.py", False),
+        ("python benchmarks/posttrain_notes.py", False),
+        ("python -m pytest tests/test_posttrain.py", False),
+    ],
+)
+def test_only_processes_running_posttrain_count_as_posttrain(line, counted):
+    """A sleeping shell or a lock path containing the word once made a quiet machine look
+    loaded (measured: `flock ... /tmp/posttrain-heavy.lock` and its shell counted as 2)."""
+    assert runs_posttrain(line.split()) is counted

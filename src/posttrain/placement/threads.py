@@ -5,7 +5,7 @@ wait for a core instead, and a step can take 10x longer or never finish (a SmolL
 2 threads on a loaded 2-core machine did not finish in 900 s). The decision is a pure function
 of the load (:func:`oversubscription`), so it is tested with injected values; :func:`node_load`
 reads this machine's: the cores this process may run on, the 1-minute load average, other
-posttrain processes and Ray worker processes. torch is not imported here.
+posttrain processes (:func:`runs_posttrain`) and Ray worker processes. torch is not imported here.
 """
 
 from __future__ import annotations
@@ -23,15 +23,35 @@ class NodeLoad:
     ray_workers: int
 
 
-def _cmdlines(proc: Path = Path("/proc")) -> list[tuple[int, str]]:
+def _cmdlines(proc: Path = Path("/proc")) -> list[tuple[int, list[str]]]:
     out = []
     for entry in proc.glob("[0-9]*"):
         try:
             raw = (entry / "cmdline").read_bytes()
         except OSError:  # gone, or not ours to read
             continue
-        out.append((int(entry.name), raw.replace(b"\0", b" ").decode(errors="replace")))
+        argv = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+        if argv:
+            out.append((int(entry.name), argv))
     return out
+
+
+def runs_posttrain(argv: list[str]) -> bool:
+    """Whether a command line is a posttrain process: the ``posttrain`` script, or a Python
+    interpreter running it or ``-m posttrain...``. Judged on the program and its entry, never
+    on a substring anywhere in the line: a shell whose command text mentions posttrain, an
+    editor on a posttrain file or ``flock /tmp/posttrain.lock`` run no torch threads."""
+    prog = Path(argv[0]).name
+    if prog == "posttrain":
+        return True
+    if not prog.startswith("python"):
+        return False
+    rest = argv[1:]
+    while rest and rest[0].startswith("-") and rest[0] != "-m":  # interpreter flags: -u, -X ...
+        rest = rest[1:]
+    if len(rest) >= 2 and rest[0] == "-m":
+        return rest[1] == "posttrain" or rest[1].startswith("posttrain.")
+    return bool(rest) and Path(rest[0]).name == "posttrain"
 
 
 def node_load() -> NodeLoad:
@@ -41,9 +61,9 @@ def node_load() -> NodeLoad:
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
     me, parent = os.getpid(), os.getppid()
-    others = [c for pid, c in _cmdlines() if pid not in (me, parent)]
-    ray = sum(c.startswith("ray::") for c in others)
-    mine = sum("posttrain" in c and not c.startswith("ray::") for c in others)
+    others = [argv for pid, argv in _cmdlines() if pid not in (me, parent)]
+    ray = sum(argv[0].startswith("ray::") for argv in others)
+    mine = sum(runs_posttrain(argv) for argv in others)
     return NodeLoad(cores, os.getloadavg()[0], mine, ray)
 
 

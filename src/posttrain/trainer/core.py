@@ -41,6 +41,7 @@ from posttrain.trainer.accumulate import (
     split_evenly,
 )
 from posttrain.trainer.errors import NonFiniteTrainingError, ResumeError
+from posttrain.trainer.frozen_casts import FrozenCasts
 from posttrain.trainer.optim import build_optimizer, build_scheduler
 
 PRECISIONS = ("float32", "bfloat16")
@@ -159,6 +160,7 @@ class Trainer:
         # The objective's forward + log-prob runs through the compiled wrapper (same parameters);
         # π_old is scored through it too, so a frozen π_old matches the update's forward.
         self.forward_model = torch.compile(self.model, dynamic=True) if compile else self.model
+        self._frozen_casts = FrozenCasts(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the policy model has no parameters with requires_grad=True")
@@ -189,7 +191,10 @@ class Trainer:
         """The autocast region every objective forward (and the π_old capture) runs in (none
         when sharded: FSDP's mixed-precision policy casts the gathered parameters itself)."""
         if self.precision == "bfloat16" and not self.sharded:
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+            stack = contextlib.ExitStack()
+            stack.enter_context(torch.autocast(device_type=self.device.type, dtype=torch.bfloat16))
+            stack.enter_context(self._frozen_casts.swapped())  # the same values, cast once
+            return stack
         return contextlib.nullcontext()
 
     @property
