@@ -136,18 +136,42 @@ def launch_cli(opts: list[str]) -> subprocess.Popen:
     )
 
 
+KILL_STEPS = {"rl.max_steps": 30, "rl.eval_every": 10, "rl.lr_schedule": "cosine",
+              "rl.warmup_steps": 3, "checkpoint.keep_last": 2}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def straight_cli(tmp_path_factory):
+    """The uninterrupted CLI run both kills below compare with (one run, not one per kill): it
+    starts with the first kill's run and trains beside it; ``wait()`` is its run directory."""
+    root = tmp_path_factory.mktemp("kill")
+    ensure_model(load_config("sft_tools_tiny", ["--", *opts_for(root, "m")]))
+    proc = launch_cli(opts_for(root, "straight", **KILL_STEPS))
+    done: list[Path] = []
+
+    def wait() -> Path:
+        if not done:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            done.append(root / "out" / "sft" / "straight")
+        return done[0]
+
+    yield root, wait
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
 @pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM])
-def test_kill_then_resume_is_bit_exact(tmp_path, kill):
+def test_kill_then_resume_is_bit_exact(straight_cli, kill):
     """Kill the entry (-9, or SIGTERM: it saves and stops) once a checkpoint exists, resume it,
     and get the uninterrupted run's weights, optimizer state and metrics bit for bit."""
     from test_checkpoint_resume_kill import assert_same_tree
 
-    ensure_model(load_config("sft_tools_tiny", ["--", *opts_for(tmp_path, "m")]))
-    steps = {"rl.max_steps": 30, "rl.eval_every": 10, "rl.lr_schedule": "cosine",
-             "rl.warmup_steps": 3, "checkpoint.keep_last": 2}  # fmt: skip
-    straight = launch_cli(opts_for(tmp_path, "straight", **steps))
-    killed = launch_cli(opts_for(tmp_path, "killed", **steps))
-    run_dir = tmp_path / "out" / "sft" / "killed"
+    root, straight = straight_cli
+    job = f"killed_{int(kill)}"
+    killed = launch_cli(opts_for(root, job, **KILL_STEPS))
+    run_dir = root / "out" / "sft" / job
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoints" / "step_00000002" / "COMPLETE").exists():
         assert killed.poll() is None, killed.communicate()[1]
@@ -157,19 +181,17 @@ def test_kill_then_resume_is_bit_exact(tmp_path, kill):
     killed.communicate()
     final = Path("checkpoints") / "step_00000030"
     assert not (run_dir / final / "COMPLETE").exists(), "the run ended before the kill"
-    resumed = launch_cli(opts_for(tmp_path, "killed", **steps))
-    for proc in (straight, resumed):
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-    a, b = rows_in(tmp_path / "out" / "sft" / "straight"), rows_in(run_dir)
+    resumed = launch_cli(opts_for(root, job, **KILL_STEPS))
+    _, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err
+    a, b = rows_in(straight()), rows_in(run_dir)
     assert sorted(a) == sorted(b) == list(range(31))
     for row in (*a.values(), *b.values()):
         row.pop("time/step_s", None)
     assert a == b
     for name in ("model/model.safetensors", "trainer.pt"):
         read = load_file if name.endswith(".safetensors") else _load_pt
-        assert_same_tree(read(tmp_path / "out" / "sft" / "straight" / final / name),
-                         read(run_dir / final / name), name)  # fmt: skip
+        assert_same_tree(read(straight() / final / name), read(run_dir / final / name), name)
 
 
 def _load_pt(path: Path):
