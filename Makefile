@@ -52,9 +52,10 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# Two workers, a file at a time each (the Ray files as one unit: tests/conftest.py).
+# Two workers, a file at a time each (the Ray files as one unit: tests/conftest.py). One torch
+# thread per process: the two workers, their Ray actors and vLLM engines share the cores.
 test: install install-vllm lint
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
 
 # Regenerate the config reference from the schema; tests/test_config_reference.py fails when stale.
 docs: install

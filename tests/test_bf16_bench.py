@@ -1,4 +1,5 @@
-"""The bf16-vs-float32 step benchmark (benchmarks/memory_profile.py --dtype) in smoke mode."""
+"""The bf16 benchmarks in smoke mode: the bf16-vs-float32 step (benchmarks/memory_profile.py
+--dtype) and one update in three precisions (benchmarks/bf16_update.py)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,14 @@ def test_rollout_dtype_can_stay_float32_under_a_bf16_policy(tmp_path, monkeypatc
     assert json.loads(out.read_text())["overrides"][:2] == [
         "model.dtype=bfloat16", "rollout.dtype=float32"
     ]  # fmt: skip
+
+
+def test_the_bf16_update_benchmark_runs_the_three_settings_on_one_batch():
+    """benchmarks/bf16_update.py on the tiny arith workload: the two bf16 updates agree."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bf16_update.py"
+    argv = [sys.executable, str(script), "--workload", "arith", "--rounds", "1"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    assert "float32 / bf16 cast once:" in out
+    assert "the two bf16 updates bit for bit equal: True" in out

@@ -5,22 +5,17 @@ and its one-line user errors."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_entry_sft import _cli, _load_pt, rows_in
+from test_entry_sft import _cli, kill_then_resume, rows_in, straight_run
 
 from posttrain.config import load_config
 from posttrain.configs.lmdpo_tools_tiny import DATA, pairs
 from posttrain.entrypoints import lmdpo
-from posttrain.run.online import ensure_model
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
@@ -110,49 +105,14 @@ def test_stop_and_resume_is_bit_exact(tmp_path):
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
-def launch_cli(opts: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    command = [sys.executable, "-m", "posttrain.entrypoints.lmdpo", "--config", RECIPE, "--"]
-    return subprocess.Popen(
-        [*command, *opts], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+@pytest.fixture(scope="module")
+def straight_cli(tmp_path_factory):
+    yield from straight_run(tmp_path_factory, "lmdpo", RECIPE, opts_for)
 
 
 @pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM])
-def test_kill_then_resume_is_bit_exact(tmp_path, kill):
-    """Kill the entry (-9, or SIGTERM: it saves and stops) once a checkpoint exists, resume it,
-    and get the uninterrupted run's weights, optimizer state and metrics bit for bit."""
-    from test_checkpoint_resume_kill import assert_same_tree
-
-    ensure_model(load_config(RECIPE, ["--", *opts_for(tmp_path, "m")]))
-    steps = {"rl.max_steps": 30, "rl.eval_every": 10, "rl.lr_schedule": "cosine",
-             "rl.warmup_steps": 3, "checkpoint.keep_last": 2}  # fmt: skip
-    straight = launch_cli(opts_for(tmp_path, "straight", **steps))
-    killed = launch_cli(opts_for(tmp_path, "killed", **steps))
-    run_dir = tmp_path / "out" / "lmdpo" / "killed"
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoints" / "step_00000002" / "COMPLETE").exists():
-        assert killed.poll() is None, killed.communicate()[1]
-        assert time.monotonic() < deadline, "the run never saved step 2"
-        time.sleep(0.005)
-    os.kill(killed.pid, kill)
-    killed.communicate()
-    final = Path("checkpoints") / "step_00000030"
-    assert not (run_dir / final / "COMPLETE").exists(), "the run ended before the kill"
-    resumed = launch_cli(opts_for(tmp_path, "killed", **steps))
-    for proc in (straight, resumed):
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-    a, b = rows_in(tmp_path / "out" / "lmdpo" / "straight"), rows_in(run_dir)
-    assert sorted(a) == sorted(b) == list(range(31))
-    for row in (*a.values(), *b.values()):
-        row.pop("time/step_s", None)
-    assert a == b
-    for name in ("model/model.safetensors", "trainer.pt"):
-        read = load_file if name.endswith(".safetensors") else _load_pt
-        assert_same_tree(read(tmp_path / "out" / "lmdpo" / "straight" / final / name),
-                         read(run_dir / final / name), name)  # fmt: skip
+def test_kill_then_resume_is_bit_exact(straight_cli, kill):
+    kill_then_resume(straight_cli, kill, "lmdpo", RECIPE, opts_for)
 
 
 @pytest.mark.parametrize(

@@ -120,34 +120,52 @@ def test_stop_and_resume_is_bit_exact(tmp_path):
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
-def launch_cli(opts: list[str]) -> subprocess.Popen:
+def launch_cli(
+    opts: list[str], entry: str = "sft", recipe: str = "sft_tools_tiny"
+) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    command = [
-        sys.executable,
-        "-m",
-        "posttrain.entrypoints.sft",
-        "--config",
-        "sft_tools_tiny",
-        "--",
-    ]
+    command = [sys.executable, "-m", f"posttrain.entrypoints.{entry}", "--config", recipe, "--"]
     return subprocess.Popen(
         [*command, *opts], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
 
-@pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM])
-def test_kill_then_resume_is_bit_exact(tmp_path, kill):
+KILL_STEPS = {"rl.max_steps": 30, "rl.eval_every": 10, "rl.lr_schedule": "cosine",
+              "rl.warmup_steps": 3, "checkpoint.keep_last": 2}  # fmt: skip
+
+
+def straight_run(tmp_path_factory, entry: str, recipe: str, opts_for):
+    """The uninterrupted CLI run a policy-only entry's kills compare with (one run, not one per
+    kill): it starts with the first kill's run and trains beside it; ``wait()`` is its run
+    directory. A generator for a module fixture: yields ``(root, wait)``."""
+    root = tmp_path_factory.mktemp("kill")
+    ensure_model(load_config(recipe, ["--", *opts_for(root, "m")]))
+    proc = launch_cli(opts_for(root, "straight", **KILL_STEPS), entry, recipe)
+    done: list[Path] = []
+
+    def wait() -> Path:
+        if not done:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            done.append(root / "out" / entry / "straight")
+        return done[0]
+
+    yield root, wait
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def kill_then_resume(straight_cli, kill: int, entry: str, recipe: str, opts_for) -> None:
     """Kill the entry (-9, or SIGTERM: it saves and stops) once a checkpoint exists, resume it,
     and get the uninterrupted run's weights, optimizer state and metrics bit for bit."""
     from test_checkpoint_resume_kill import assert_same_tree
 
-    ensure_model(load_config("sft_tools_tiny", ["--", *opts_for(tmp_path, "m")]))
-    steps = {"rl.max_steps": 30, "rl.eval_every": 10, "rl.lr_schedule": "cosine",
-             "rl.warmup_steps": 3, "checkpoint.keep_last": 2}  # fmt: skip
-    straight = launch_cli(opts_for(tmp_path, "straight", **steps))
-    killed = launch_cli(opts_for(tmp_path, "killed", **steps))
-    run_dir = tmp_path / "out" / "sft" / "killed"
+    root, straight = straight_cli
+    job = f"killed_{int(kill)}"
+    killed = launch_cli(opts_for(root, job, **KILL_STEPS), entry, recipe)
+    run_dir = root / "out" / entry / job
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoints" / "step_00000002" / "COMPLETE").exists():
         assert killed.poll() is None, killed.communicate()[1]
@@ -157,19 +175,27 @@ def test_kill_then_resume_is_bit_exact(tmp_path, kill):
     killed.communicate()
     final = Path("checkpoints") / "step_00000030"
     assert not (run_dir / final / "COMPLETE").exists(), "the run ended before the kill"
-    resumed = launch_cli(opts_for(tmp_path, "killed", **steps))
-    for proc in (straight, resumed):
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-    a, b = rows_in(tmp_path / "out" / "sft" / "straight"), rows_in(run_dir)
+    resumed = launch_cli(opts_for(root, job, **KILL_STEPS), entry, recipe)
+    _, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err
+    a, b = rows_in(straight()), rows_in(run_dir)
     assert sorted(a) == sorted(b) == list(range(31))
     for row in (*a.values(), *b.values()):
         row.pop("time/step_s", None)
     assert a == b
     for name in ("model/model.safetensors", "trainer.pt"):
         read = load_file if name.endswith(".safetensors") else _load_pt
-        assert_same_tree(read(tmp_path / "out" / "sft" / "straight" / final / name),
-                         read(run_dir / final / name), name)  # fmt: skip
+        assert_same_tree(read(straight() / final / name), read(run_dir / final / name), name)
+
+
+@pytest.fixture(scope="module")
+def straight_cli(tmp_path_factory):
+    yield from straight_run(tmp_path_factory, "sft", "sft_tools_tiny", opts_for)
+
+
+@pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM])
+def test_kill_then_resume_is_bit_exact(straight_cli, kill):
+    kill_then_resume(straight_cli, kill, "sft", "sft_tools_tiny", opts_for)
 
 
 def _load_pt(path: Path):

@@ -2,11 +2,15 @@
 each batch in the pipeline's data thread, and the run is the policy-side run bit for bit; the
 batches in flight carry its log-probs through a checkpoint (a resumed run continues exactly).
 
-The session's Ray instance (tests/conftest.py), three tiny runs of a few steps each (tests/test_lag_reference.py has the rest)."""
+The session's Ray instance (tests/conftest.py): a tiny run with the reference as its own actor,
+the same run with it inside the policy actor (a lag needs Ray), then the first resumed from its
+step-2 checkpoint with the later one removed, as a run killed before its step-4 save would leave
+it (tests/test_lag_reference.py has the rest)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -34,20 +38,19 @@ def tiny_dir(tmp_path_factory):
     return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
 
 
-def train(root: Path, model: Path, where: str, steps: int = STEPS) -> Path:
+def train(root: Path, model: Path, where: str) -> dict:
     opts = {
         "job.output_root": str(root), "model.name_or_path": str(model),
         "data.train_size": 60, "data.val_size": 4, "data.prompts_per_step": 4, "rollout.n": 4,
         "rollout.max_tokens": 4, "reward.functions": "[test_lag_reference_ray:digit_reward]",
-        "rl.grpo_surrogate": "clipped", "rl.kl_beta": 0.1, "rl.lr": 0.01, "rl.max_steps": steps,
+        "rl.grpo_surrogate": "clipped", "rl.kl_beta": 0.1, "rl.lr": 0.01, "rl.max_steps": STEPS,
         "rl.save_every": 2, "rl.eval_every": 0, "rl.micro_batch_size": 4,
         "logging.progress": False, "placement.backend": "ray", "placement.cpus_per_role": 0.5,
         "rl.off_policy_lag": 1, "placement.reference_on": where,
     }  # fmt: skip
     opts = [f"{k}={v}" for k, v in opts.items()]
     config = load_config("arithmetic", ["--", *opts])
-    summary = grpo.run(config, "arithmetic", opts, grpo.default_out_dir(config), build_objective)
-    return Path(summary["run_dir"])
+    return grpo.run(config, "arithmetic", opts, grpo.default_out_dir(config), build_objective)
 
 
 def numbers(run: Path) -> tuple[list[dict], dict]:
@@ -62,16 +65,24 @@ def numbers(run: Path) -> tuple[list[dict], dict]:
 def test_the_data_side_reference_is_the_policy_sides_bit_for_bit_and_resumes(
     ray_cluster, tiny_dir, tmp_path
 ):
-    data = train(tmp_path / "data", tiny_dir, "auto")  # auto: data side under a lag
+    # auto: the data side under a lag
+    data = Path(train(tmp_path / "data", tiny_dir, "auto")["run_dir"])
     rows_d, weights_d = numbers(data)
     assert any("time/reference_s" in json.loads(line) for line in
                (data / "metrics.jsonl").read_text().splitlines())  # fmt: skip
-    rows_p, weights_p = numbers(train(tmp_path / "policy", tiny_dir, "policy"))
+    policy = Path(train(tmp_path / "policy", tiny_dir, "policy")["run_dir"])
+    assert not any("time/reference_s" in json.loads(line) for line in
+                   (policy / "metrics.jsonl").read_text().splitlines())  # fmt: skip
+    rows_p, weights_p = numbers(policy)
     assert rows_d == rows_p and any(r.get("train/pg/kl_ref", 0) > 0 for r in rows_p)
     assert all(torch.equal(weights_d[k], weights_p[k]) for k in weights_p)
-    # Two steps, then the same run continued to four: the checkpoint's batch in flight carries
-    # the reference's log-probs.
-    train(tmp_path / "resumed", tiny_dir, "data", steps=2)
-    rows_r, weights_r = numbers(train(tmp_path / "resumed", tiny_dir, "data"))
+    # The run again from its step-2 checkpoint: the batch in flight there carries the
+    # reference's log-probs (steps 3-4 train on it and the next one).
+    ckpts = data / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000002", "step_00000004"]
+    shutil.rmtree(ckpts / "step_00000004")
+    resumed = train(tmp_path / "data", tiny_dir, "auto")  # as saved: a changed key is refused
+    assert resumed["start_step"] == 2
+    rows_r, weights_r = numbers(data)
     assert rows_r[-2:] == rows_d[-2:]
     assert all(torch.equal(weights_r[k], weights_d[k]) for k in weights_d)

@@ -10,7 +10,8 @@ token, a 140-token prompt among them), and a sync back gives the first weights' 
 bit. Those two checks are where the two sync traps would show: KV of the old weights reused from
 the prefix cache (vLLM's CPU KV blocks hold 128 tokens, so only the 140-token prompt fills one:
 the test was seen to fail with the reset removed) and a tied ``lm_head`` that keeps its startup
-weights (oneDNN-packed in bf16 with AMX; float32 on this model did not show it). A GRPO run
+weights (packed into a copy of its own in bf16 on an AMX CPU: a bf16 engine of its own checks
+that sync; float32 on this model does not show it). A GRPO run
 samples with the engine, its ``rl.rollout_is_cap`` on by default, and publishes
 ``train/rollout/logprob_abs_diff``; a dead vLLM process is one line naming the engine. Outside
 CI, without the environment, they are skipped; in CI (``CI`` set) that is a failure.
@@ -79,15 +80,21 @@ def _caches(tmp_path_factory):
             os.environ[k] = v
 
 
-def build_model_dir(out: Path, seed: int, heads: int = 2) -> Path:
+def build_model_dir(
+    out: Path, seed: int, heads: int = 2, vocab: int | None = None, embed_scale: float = 1.0
+) -> Path:
     """A tiny Llama over the arithmetic alphabet that vLLM's CPU kernels accept (head_dim 32 with
-    2 heads), tied embeddings (so the ``lm_head`` trap is exercised), char-level tokenizer."""
+    2 heads), tied embeddings (so the ``lm_head`` trap is exercised), char-level tokenizer;
+    ``vocab`` pads the embedding past the alphabet, ``embed_scale`` multiplies it."""
     values = preset_config("arith")
     values.update(hidden_size=64, num_attention_heads=heads, num_key_value_heads=heads,
                   intermediate_size=128, tie_word_embeddings=True, max_position_embeddings=CONTEXT)  # fmt: skip
+    values.update({} if vocab is None else {"vocab_size": vocab})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(LlamaConfig(**values))
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(embed_scale)
     model.save_pretrained(out, safe_serialization=True)
     save_char_tokenizer(preset_tokenizer("arith"), out)
     return out
@@ -177,6 +184,36 @@ def test_a_bucketed_sync_samples_the_new_weights_and_a_sync_back_the_old_bit_for
     again = engine.generate(prompts, n=2, temperature=0.7, max_tokens=16, seed=3)
     assert torch.equal(again.batch.input_ids, before.batch.input_ids)
     assert torch.equal(again.batch.rollout_logprobs, before.batch.rollout_logprobs)
+
+
+#: bf16 sampled-token log-probs after a sync vs the trainer's float32 forward of the synced
+#: weights rounded to bf16. Measured on 2026-12-03 on an AMX CPU: 1.3e-6 with the repack, 15.4
+#: (mean 7.2) with it removed; the fresh engine's gap on the first weights was 3.2e-3.
+BF16_SYNC_BOUND = 0.05
+
+
+def test_a_bf16_sync_repacks_the_tied_lm_head(tmp_path):
+    """The ``lm_head`` trap: in bf16 on a CPU with AMX, vLLM packs a tied head into its own copy
+    (the SGL kernel, for a head whose vocabulary is a multiple of 16), which a reload does not
+    touch; the engine packs it again after every sync. Seen failing with the repack removed.
+    Elsewhere (no AMX) the head is not copied and the test checks a plain bf16 sync."""
+    a = build_model_dir(tmp_path / "a", seed=0, vocab=32)
+    b = build_model_dir(tmp_path / "b", seed=1, vocab=32, embed_scale=8.0)  # a head far from a's
+    first, tokenizer = load_policy(a)
+    policy, _ = load_policy(b)
+    options = VllmOptions(dtype="bfloat16", kv_cache_space_gib=1.0, enforce_eager=True)
+    engine = VllmRolloutEngine(first, tokenizer, weights_from=a, options=options)
+    try:
+        _sync(engine, policy)
+        out = engine.generate(PROMPTS, n=4, temperature=0.7, max_tokens=16, seed=3)
+    finally:
+        engine.close()
+    with torch.no_grad():
+        rounded = policy.to(torch.bfloat16).float()
+        trainer = response_logprobs(rounded, out.batch, temperature=0.7)
+    gap = (trainer - out.batch.rollout_logprobs).abs()[out.batch.response_mask]
+    print(f"bf16 after a sync: max {gap.max():.2e}, mean {gap.mean():.2e}")
+    assert float(gap.max()) <= BF16_SYNC_BOUND
 
 
 def test_an_incomplete_sync_is_refused_in_one_line(engine, folders):

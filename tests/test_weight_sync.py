@@ -163,6 +163,26 @@ def test_bf16_rollout_copy_with_lora_merges_onto_a_float32_base(tiny_dir, tmp_pa
         assert torch.equal(value, merged[name].to(torch.bfloat16)), name
 
 
+def test_a_local_bf16_rollout_merges_onto_the_policy_s_own_base_bit_for_bit(tiny_dir, tmp_path):
+    """In one process the rollout merges onto the policy's frozen float32 base itself (no second
+    float32 load): the same storage, and the same merged weights as a base of its own."""
+    from posttrain.config.build import build_objective
+    from posttrain.placement.local import place_local
+
+    cfg = config(tiny_dir, tmp_path, *LORA, "rollout.dtype=bfloat16", "placement.device=cpu")
+    roles = place_local(cfg, build_objective, str(tmp_path / "run"))
+    own = {p.data_ptr() for p in roles.policy.model.parameters() if not p.requires_grad}
+    base = roles.rollout.sink.base
+    assert base and {t.data_ptr() for t in base.values()} <= own
+    vocab = roles.policy.model.config.vocab_size
+    roles.policy.trainer.train_on_batch(synthetic_batch(vocab, 4, seed=4))
+    roles.sync_weights()
+    alone = RolloutRole(cfg, device="cpu")  # its own float32 load of the base
+    LocalRoles(roles.policy, alone, None).sync_weights()
+    assert base.keys() == alone.sink.base.keys()
+    assert_same_weights(roles.rollout.engine.model, alone.engine.model)
+
+
 def test_a_sync_that_misses_weights_or_names_unknown_ones_is_refused(tiny_dir, tmp_path):
     cfg = config(tiny_dir, tmp_path)
     rollout = RolloutRole(cfg)

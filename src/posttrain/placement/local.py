@@ -18,7 +18,13 @@ from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.config.build import needs_reference, reference_on_data
 from posttrain.placement.deadline import Deadlines
 from posttrain.placement.device import resolve_device, rollout_dtype_and_why
-from posttrain.placement.roles import ObjectiveBuilder, PolicyRole, RewardRole, RolloutRole
+from posttrain.placement.roles import (
+    ObjectiveBuilder,
+    PolicyRole,
+    RewardRole,
+    RolloutRole,
+    policy_lora_base,
+)
 from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
 from posttrain.placement.threads import set_torch_threads
 from posttrain.placement.weight_sync import wire_bytes
@@ -83,7 +89,9 @@ def place_local(
     # of its own (vLLM), needs the engine's own copy.
     in_process = engine_capabilities(cfg.rollout.engine).in_process
     shared = policy.model if dtype == "float32" and in_process else None
-    rollout = RolloutRole(cfg, model=shared, device=str(device))
+    # An own copy under LoRA merges the adapters onto the policy's own frozen base (one process).
+    base = policy_lora_base(policy.model) if shared is None and cfg.model.lora_rank else None
+    rollout = RolloutRole(cfg, model=shared, device=str(device), lora_base=base)
     inside = needs_reference(cfg) and not reference_on_data(cfg)  # else a declared role
     ref = f", reference on {device} ({cfg.model.dtype})" if inside else ""
     others = "".join(f", {s.name} on {s.device(str(device)) or 'cpu'}" for s in specs)

@@ -33,6 +33,7 @@ from posttrain.placement.weight_sync import (
     WeightSource,
     adapted_modules,
     bucket_bytes,
+    plain_name,
 )
 from posttrain.reward import RewardStage
 from posttrain.reward.stage import RewardResult, RowScores
@@ -180,6 +181,7 @@ class RolloutRole:
         config: PosttrainConfig,
         model: nn.Module | None = None,
         device: str | None = None,
+        lora_base: Mapping[str, Tensor] | None = None,
     ) -> None:
         self.config = cfg = config
         own = model is None
@@ -201,7 +203,9 @@ class RolloutRole:
         self.sink: WeightSink | None = None
         if own:
             m = cfg.model
-            base = _adapted_base(cfg, model, dtype, device) if m.lora_rank else None
+            base = None
+            if m.lora_rank:
+                base = _adapted_base(cfg, model, dtype, device, lora_base)
             self.sink = WeightSink(self.engine, base, m.lora_alpha / max(m.lora_rank, 1))
 
     def generate(
@@ -342,13 +346,41 @@ class RewardRole:
         return self.stage.metrics_of(scores), scores
 
 
-def _adapted_base(cfg: PosttrainConfig, model: nn.Module, dtype: str, device) -> dict[str, Tensor]:
+def policy_lora_base(policy: nn.Module) -> dict[str, Tensor]:
+    """A LoRA policy's own frozen base weights, by the plain module names the rollout's model
+    uses: what a rollout in the same process merges the adapters onto. They are the float32
+    weights as loaded and never change, so no second float32 load is needed (on SmolLM2 that
+    load and its kept copy were 0.56 + 0.43 GB of a bf16 run's peak)."""
+    return {
+        plain_name(f"{name}.base_layer.weight").removesuffix(
+            ".weight"
+        ): m.base_layer.weight.detach()
+        for name, m in policy.named_modules()
+        if hasattr(m, "lora_A") and isinstance(getattr(m, "base_layer", None), nn.Linear)
+    }
+
+
+def _adapted_base(
+    cfg: PosttrainConfig,
+    model: nn.Module,
+    dtype: str,
+    device,
+    shared: Mapping[str, Tensor] | None = None,
+) -> dict[str, Tensor]:
     """The float32 weight of every module LoRA adapts, as loaded: what the rollout merges the
-    policy's adapters onto (a float32 load of its own when the rollout runs in another dtype)."""
+    policy's adapters onto (``shared``: the policy's own, in the same process; else a float32
+    load of its own when the rollout runs in another dtype)."""
+    names = adapted_modules(model, cfg.model.lora_target_modules)
+    if shared is not None:
+        if set(shared) != set(names):
+            raise ValueError(
+                f"lora_base names {sorted(set(shared) ^ set(names))[:3]} differ from the "
+                "rollout model's adapted modules"
+            )
+        return dict(shared)
     source = model
     if dtype != "float32":
         source, _ = load_policy(cfg.model.name_or_path, None, "float32", device)
-    names = adapted_modules(source, cfg.model.lora_target_modules)
     return {n: source.get_submodule(n).weight.detach().clone() for n in names}
 
 
