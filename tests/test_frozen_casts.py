@@ -86,3 +86,40 @@ def test_a_bf16_lora_update_is_bit_for_bit_the_plain_autocast_one(tiny_dir, tmp_
         assert got[1].keys() == want[1].keys()
         for name, p in got[1].items():
             assert torch.equal(p, want[1][name]), name
+
+
+def test_the_copies_live_for_one_collected_batch_and_survive_a_nested_region(tiny_dir, tmp_path):
+    policy = _policy(tiny_dir, tmp_path)
+    trainer, base = policy.trainer, _base_layer(policy.model)
+    with trainer.forward_context():
+        first = base.weight
+        with trainer.forward_context():  # entered again from inside: nothing changes
+            assert base.weight is first
+        assert base.weight is first
+    with trainer.forward_context():
+        assert base.weight is first  # the inner exit dropped no copy
+    trainer.train_on_batch(synthetic_batch(64, 4, seed=1))
+    assert not trainer._frozen_casts._copies  # dropped at the batch's end: none through a rollout
+
+
+def test_a_failing_swap_leaves_no_autocast_behind(tiny_dir, tmp_path, monkeypatch):
+    policy = _policy(tiny_dir, tmp_path)
+
+    def fail(self, weight):
+        raise MemoryError("no room for the copy")
+
+    monkeypatch.setattr(FrozenCasts, "_copy", fail)
+    with pytest.raises(MemoryError), policy.trainer.forward_context():
+        pass
+    assert not torch.is_autocast_enabled("cpu")
+    assert _base_layer(policy.model).weight.dtype == torch.float32
+
+
+def test_gradient_checkpointing_keeps_autocast_s_own_casts(tiny_dir, tmp_path):
+    """Its recomputed forwards run outside the region and cast anyway; copies of every layer
+    would only add memory."""
+    opts = _bf16_opts(tiny_dir, tmp_path, "model.lora_rank=4", "model.gradient_checkpointing=true")
+    config = load_config("arithmetic_clipped", ["--", *opts])
+    policy = place_local(config, build_objective, str(tmp_path)).policy
+    with policy.trainer.forward_context():
+        assert _base_layer(policy.model).weight.dtype == torch.float32

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 
@@ -87,6 +88,14 @@ def test_node_load_reads_this_machine_without_torch():
         ("/venv/bin/posttrain sft --config sft_tools_tiny", True),
         ("python3 -m posttrain grpo", True),
         ("python -u -m posttrain.cli grpo", True),
+        ("python -X importtime -m posttrain grpo", True),
+        ("python -W ignore -m posttrain.entrypoints.cli grpo", True),
+        ("python -mposttrain grpo", True),
+        ("/venv-vllm/bin/python -m posttrain_vllm_worker --port 1", True),
+        ("VLLM::EngineCore", True),
+        ("python -c 'import posttrain'", True),
+        ("python -c 'import torch'", False),
+        ("python -X importtime -m pytest", False),
         # a command line that merely mentions posttrain runs no torch threads of ours
         ("flock -x /tmp/posttrain-heavy.lock ./run.sh", False),
         ("/bin/bash -c cd /work/posttrain && make test", False),
@@ -98,4 +107,4 @@ def test_node_load_reads_this_machine_without_torch():
 def test_only_processes_running_posttrain_count_as_posttrain(line, counted):
     """A sleeping shell or a lock path containing the word once made a quiet machine look
     loaded (measured: `flock ... /tmp/posttrain-heavy.lock` and its shell counted as 2)."""
-    assert runs_posttrain(line.split()) is counted
+    assert runs_posttrain(shlex.split(line)) is counted

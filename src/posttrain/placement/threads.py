@@ -36,21 +36,32 @@ def _cmdlines(proc: Path = Path("/proc")) -> list[tuple[int, list[str]]]:
     return out
 
 
+#: Interpreter options that take the next argument as their value.
+_VALUED = frozenset({"-X", "-W", "--check-hash-based-pycs"})
+
+
 def runs_posttrain(argv: list[str]) -> bool:
-    """Whether a command line is a posttrain process: the ``posttrain`` script, or a Python
-    interpreter running it or ``-m posttrain...``. Judged on the program and its entry, never
-    on a substring anywhere in the line: a shell whose command text mentions posttrain, an
-    editor on a posttrain file or ``flock /tmp/posttrain.lock`` run no torch threads."""
+    """Whether a command line is a posttrain process: the ``posttrain`` script, a Python
+    interpreter running it, ``-m posttrain...`` or our vLLM worker module, code (``-c``) that
+    names posttrain, or a vLLM engine core (``VLLM::...``, what our worker's child is titled).
+    Judged on the program and its entry, never on a substring anywhere in the line: a shell
+    whose command text mentions posttrain, an editor on a posttrain file or
+    ``flock /tmp/posttrain.lock`` run no torch threads. A script of ours run by path (a
+    benchmark) is not recognised."""
     prog = Path(argv[0]).name
-    if prog == "posttrain":
+    if prog == "posttrain" or argv[0].startswith("VLLM::"):
         return True
     if not prog.startswith("python"):
         return False
     rest = argv[1:]
-    while rest and rest[0].startswith("-") and rest[0] != "-m":  # interpreter flags: -u, -X ...
-        rest = rest[1:]
-    if len(rest) >= 2 and rest[0] == "-m":
-        return rest[1] == "posttrain" or rest[1].startswith("posttrain.")
+    while rest and rest[0].startswith("-"):
+        flag = rest[0]
+        if flag in ("-m", "-c") or flag.startswith(("-m", "-c")) and not flag.startswith("--"):
+            value = flag[2:] or (rest[1] if len(rest) > 1 else "")
+            if flag.startswith("-c"):
+                return "posttrain" in value
+            return value.split(".")[0] in ("posttrain", "posttrain_vllm_worker")
+        rest = rest[2:] if flag in _VALUED else rest[1:]
     return bool(rest) and Path(rest[0]).name == "posttrain"
 
 

@@ -160,7 +160,8 @@ class Trainer:
         # The objective's forward + log-prob runs through the compiled wrapper (same parameters);
         # π_old is scored through it too, so a frozen π_old matches the update's forward.
         self.forward_model = torch.compile(self.model, dynamic=True) if compile else self.model
-        self._frozen_casts = FrozenCasts(self.model)
+        # Not under gradient checkpointing: its recomputed forwards cast anyway (frozen_casts).
+        self._frozen_casts = None if gradient_checkpointing else FrozenCasts(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the policy model has no parameters with requires_grad=True")
@@ -191,10 +192,13 @@ class Trainer:
         """The autocast region every objective forward (and the π_old capture) runs in (none
         when sharded: FSDP's mixed-precision policy casts the gathered parameters itself)."""
         if self.precision == "bfloat16" and not self.sharded:
-            stack = contextlib.ExitStack()
-            stack.enter_context(torch.autocast(device_type=self.device.type, dtype=torch.bfloat16))
-            stack.enter_context(self._frozen_casts.swapped())  # the same values, cast once
-            return stack
+            with contextlib.ExitStack() as stack:  # closed again if entering the swap fails
+                stack.enter_context(
+                    torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+                )
+                if self._frozen_casts is not None:  # the same values, cast once a batch
+                    stack.enter_context(self._frozen_casts.swapped())
+                return stack.pop_all()
         return contextlib.nullcontext()
 
     @property
@@ -239,6 +243,8 @@ class Trainer:
 
     def end_collected(self) -> None:
         """Called once per collected batch, after its last update (also on failure)."""
+        if self._frozen_casts is not None:  # not held through the rollout
+            self._frozen_casts.clear()
 
     def before_update(self, batch: Batch) -> None:
         """Called before any forward of an update; raise to refuse it."""

@@ -10,9 +10,14 @@ forwards, so it is cast once here and reused.
 Exactness: the cast is round-to-nearest whoever does it, and autocast passes a bf16 tensor
 through unchanged, so every forward, backward and gradient is bit for bit the one autocast
 computes (``tests/test_frozen_casts.py``). Outside the region the modules hold their float32
-weights again: checkpoints, weight syncs, merges and exports never see the copies. A copy is
-renewed when its float32 weight is replaced or changed in place (its storage or version
-counter moved), e.g. by a checkpoint load.
+weights again: checkpoints, weight syncs, merges and exports never see the copies. The copies
+live for one collected batch (the trainer calls :meth:`FrozenCasts.clear` at its end), so they
+do not sit in memory through the rollout, and a weight changed between updates by any means is
+cast afresh; within one batch a copy is also renewed when its weight is replaced or changed in
+place through autograd-visible ops (its storage or version counter moved). A write through
+``.data`` inside one update (peft's ``merge``, which nothing here calls) would not be seen.
+With gradient checkpointing the trainer does not use them: the recomputed forwards run outside
+the region and cast anyway, and the copies would hold every layer's cast at once.
 """
 
 from __future__ import annotations
@@ -32,6 +37,11 @@ class FrozenCasts:
         self.dtype = dtype
         #: id(weight) -> (the weight, its storage, its version, the copy)
         self._copies: dict[int, tuple[nn.Parameter, int, int, nn.Parameter]] = {}
+        self._inside = False
+
+    def clear(self) -> None:
+        """Drop every copy (the end of a collected batch)."""
+        self._copies.clear()
 
     def _frozen(self) -> Iterator[nn.Linear]:
         for module in self.model.modules():
@@ -53,11 +63,16 @@ class FrozenCasts:
 
     @contextlib.contextmanager
     def swapped(self) -> Iterator[None]:
-        """The frozen linears hold their bf16 copies inside, their own weights after."""
+        """The frozen linears hold their bf16 copies inside, their own weights after (a region
+        entered again from inside changes nothing)."""
+        if self._inside:
+            yield
+            return
         swaps = [(m, m._parameters["weight"]) for m in self._frozen()]
         live = {id(w) for _, w in swaps}
         for gone in set(self._copies) - live:  # a weight replaced since: drop its copy
             del self._copies[gone]
+        self._inside = True
         try:
             for module, weight in swaps:
                 module._parameters["weight"] = self._copy(weight)
@@ -65,3 +80,4 @@ class FrozenCasts:
         finally:
             for module, weight in swaps:
                 module._parameters["weight"] = weight
+            self._inside = False

@@ -190,6 +190,7 @@ class LLMTrainer(Trainer):
             )
 
     def end_collected(self) -> None:
+        super().end_collected()
         heap.trim()
         if self.old_logp_cache is not None:
             self.old_logp_cache.clear()
