@@ -18,12 +18,12 @@ from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.config.build import needs_reference, reference_on_data
 from posttrain.placement.deadline import Deadlines
 from posttrain.placement.device import resolve_device, rollout_dtype_and_why
+from posttrain.placement.lora_base import policy_lora_base
 from posttrain.placement.roles import (
     ObjectiveBuilder,
     PolicyRole,
     RewardRole,
     RolloutRole,
-    policy_lora_base,
 )
 from posttrain.placement.specs import PlacedRole, RoleSpec, check_specs
 from posttrain.placement.threads import set_torch_threads

@@ -27,13 +27,12 @@ from posttrain.model.loading import load_policy
 from posttrain.model.lora import AdapterFreeReference, apply_lora
 from posttrain.model.protocol import model_capabilities, require_trainable
 from posttrain.placement.device import rollout_dtype
+from posttrain.placement.lora_base import adapted_base
 from posttrain.placement.reference_reset import ReferenceReset, ResettableAdapterReference
 from posttrain.placement.weight_sync import (
     WeightSink,
     WeightSource,
-    adapted_modules,
     bucket_bytes,
-    plain_name,
 )
 from posttrain.reward import RewardStage
 from posttrain.reward.stage import RewardResult, RowScores
@@ -205,7 +204,7 @@ class RolloutRole:
             m = cfg.model
             base = None
             if m.lora_rank:
-                base = _adapted_base(cfg, model, dtype, device, lora_base)
+                base = adapted_base(cfg, model, dtype, device, lora_base)
             self.sink = WeightSink(self.engine, base, m.lora_alpha / max(m.lora_rank, 1))
 
     def generate(
@@ -344,44 +343,6 @@ class RewardRole:
         env_rewards = None if env is None else env.tolist()
         scores = self.stage.score(list(completions), list(items), env=env_rewards)
         return self.stage.metrics_of(scores), scores
-
-
-def policy_lora_base(policy: nn.Module) -> dict[str, Tensor]:
-    """A LoRA policy's own frozen base weights, by the plain module names the rollout's model
-    uses: what a rollout in the same process merges the adapters onto. They are the float32
-    weights as loaded and never change, so no second float32 load is needed (on SmolLM2 that
-    load and its kept copy were 0.56 + 0.43 GB of a bf16 run's peak)."""
-    return {
-        plain_name(f"{name}.base_layer.weight").removesuffix(
-            ".weight"
-        ): m.base_layer.weight.detach()
-        for name, m in policy.named_modules()
-        if hasattr(m, "lora_A") and isinstance(getattr(m, "base_layer", None), nn.Linear)
-    }
-
-
-def _adapted_base(
-    cfg: PosttrainConfig,
-    model: nn.Module,
-    dtype: str,
-    device,
-    shared: Mapping[str, Tensor] | None = None,
-) -> dict[str, Tensor]:
-    """The float32 weight of every module LoRA adapts, as loaded: what the rollout merges the
-    policy's adapters onto (``shared``: the policy's own, in the same process; else a float32
-    load of its own when the rollout runs in another dtype)."""
-    names = adapted_modules(model, cfg.model.lora_target_modules)
-    if shared is not None:
-        if set(shared) != set(names):
-            raise ValueError(
-                f"lora_base names {sorted(set(shared) ^ set(names))[:3]} differ from the "
-                "rollout model's adapted modules"
-            )
-        return dict(shared)
-    source = model
-    if dtype != "float32":
-        source, _ = load_policy(cfg.model.name_or_path, None, "float32", device)
-    return {n: source.get_submodule(n).weight.detach().clone() for n in names}
 
 
 def _out_of_process_engine(cfg: PosttrainConfig, device: str | None):

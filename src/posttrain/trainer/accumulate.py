@@ -333,3 +333,12 @@ def _mean(model, objective, passes, params, forward_context, lockstep) -> Accumu
     if contributing != 1:
         torch._foreach_div_([p.grad for p in params], contributing)
     return Accumulation(loss_sum / contributing, contributing, n, means.all_reduce())
+
+
+def merge_steps(rows: Sequence[Mapping[str, float]], reductions: Mapping[str, MetricReduce]):
+    """One record from several optimizer steps' records, each metric as it declares."""
+    out: dict[str, float] = {}
+    for key in sorted({k for r in rows for k in r}):
+        vals = [float(r[key]) for r in rows if key in r]
+        out[key] = combine(reductions.get(key, "mean"), vals, [1.0] * len(vals))
+    return out

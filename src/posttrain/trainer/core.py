@@ -29,7 +29,6 @@ from posttrain.algorithm.primitives.objective import (
     Objective,
     ObjectiveContractError,
     Reduction,
-    combine,
 )
 from posttrain.model.checkpointing import enable_gradient_checkpointing
 from posttrain.trainer import distributed as dp
@@ -37,11 +36,12 @@ from posttrain.trainer import sharding as sh
 from posttrain.trainer.accumulate import (
     Accumulation,
     accumulate_gradients,
+    merge_steps,
     row_chunks,
     split_evenly,
 )
 from posttrain.trainer.errors import NonFiniteTrainingError, ResumeError
-from posttrain.trainer.frozen_casts import FrozenCasts
+from posttrain.trainer.frozen_casts import FrozenCasts, bf16_region
 from posttrain.trainer.optim import build_optimizer, build_scheduler
 
 PRECISIONS = ("float32", "bfloat16")
@@ -68,15 +68,6 @@ class Batch(Protocol):
     def __len__(self) -> int: ...
     def __getitem__(self, idx: slice) -> Self: ...
     def to(self, device: torch.device | str) -> Self: ...
-
-
-def merge_steps(rows: Sequence[Mapping[str, float]], reductions: Mapping[str, MetricReduce]):
-    """One record from several optimizer steps' records, each metric as it declares."""
-    out: dict[str, float] = {}
-    for key in sorted({k for r in rows for k in r}):
-        vals = [float(r[key]) for r in rows if key in r]
-        out[key] = combine(reductions.get(key, "mean"), vals, [1.0] * len(vals))
-    return out
 
 
 class Trainer:
@@ -192,13 +183,7 @@ class Trainer:
         """The autocast region every objective forward (and the π_old capture) runs in (none
         when sharded: FSDP's mixed-precision policy casts the gathered parameters itself)."""
         if self.precision == "bfloat16" and not self.sharded:
-            with contextlib.ExitStack() as stack:  # closed again if entering the swap fails
-                stack.enter_context(
-                    torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-                )
-                if self._frozen_casts is not None:  # the same values, cast once a batch
-                    stack.enter_context(self._frozen_casts.swapped())
-                return stack.pop_all()
+            return bf16_region(self.device.type, self._frozen_casts)
         return contextlib.nullcontext()
 
     @property

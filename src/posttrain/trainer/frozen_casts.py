@@ -81,3 +81,13 @@ class FrozenCasts:
             for module, weight in swaps:
                 module._parameters["weight"] = weight
             self._inside = False
+
+
+def bf16_region(device_type: str, casts: FrozenCasts | None) -> contextlib.AbstractContextManager:
+    """bf16 autocast with ``casts``' copies swapped in (None: autocast alone); a swap that fails
+    on entry leaves no autocast behind."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.autocast(device_type=device_type, dtype=torch.bfloat16))
+        if casts is not None:
+            stack.enter_context(casts.swapped())
+        return stack.pop_all()
