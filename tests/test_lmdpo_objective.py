@@ -1,7 +1,9 @@
 """The LM DPO objective (algorithm/lmdpo.py): loss and gradient equal a hand computation of the
 sigmoid (with label smoothing) and IPO losses, one step is the same whatever the micro-batch split
 that keeps pairs whole, a policy equal to its reference has Δ = 0 (loss log 2), and the held-out
-metrics are TRL's. (TRL's DPOTrainer is not installed here; this hand computation is the oracle.)
+metrics are TRL's. (TRL's DPOTrainer is not in the suite's venv, so this hand computation is the
+oracle here; tests/test_lmdpo_vs_trl.py and ``make lmdpo-vs-trl`` compare against TRL 1.16 in the
+bench venv.)
 """
 
 from __future__ import annotations
