@@ -104,8 +104,11 @@ def test_loss_and_gradient_equal_the_hand_computation(model, reference, loss, be
     hand_grads = torch.autograd.grad(expected, list(model.parameters()))
     assert got.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
     assert metrics["objective/weight_sum"].item() == len(data)
+    # float32 against the float64 hand gradients: the absolute slack scales with the largest
+    # gradient (IPO's reach ~9, where float32 rounding alone is ~1e-6)
+    scale = max(1.0, max(float(h.abs().max()) for h in hand_grads))
     for g, h in zip(grads, hand_grads, strict=True):
-        assert torch.allclose(g, h.float(), atol=1e-6, rtol=1e-4)
+        assert torch.allclose(g, h.float(), atol=1e-6 * scale, rtol=1e-4)
     with torch.no_grad():  # TRL's metrics: β-scaled log-ratios, their order, the policy's logps
         rc = torch.stack([beta * (seq_logp(model, c) - seq_logp(reference, c)) for c, _ in data])
         rr = torch.stack([beta * (seq_logp(model, r) - seq_logp(reference, r)) for _, r in data])
