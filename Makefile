@@ -7,7 +7,7 @@ WHEELS := $(wildcard /opt/wheels)
 PIP := $(BIN)/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
 EXTRAS ?= dev,math,reasoning,tracking,ray,diffusion,lora
 
-.PHONY: test demo demo-opd demo-dpo demo-tools loss-table lint format install install-smollm2 install-vllm docs bench-trl bench-smollm2
+.PHONY: test demo demo-opd demo-dpo demo-tools loss-table lint format install install-smollm2 install-vllm docs bench-trl lmdpo-vs-trl bench-smollm2
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -138,6 +138,10 @@ $(BENCH_VENV)/bin/.installed: pyproject.toml constraints.txt
 
 bench-trl: $(BENCH_VENV)/bin/.installed
 	POSTTRAIN_SMOLLM2=$(POSTTRAIN_SMOLLM2) $(BENCH_VENV)/bin/python benchmarks/vs_trl.py $(BENCH_ARGS)
+
+# posttrain lmdpo's loss, metrics and gradients against TRL's DPOTrainer on the same batch.
+lmdpo-vs-trl: $(BENCH_VENV)/bin/.installed
+	$(BENCH_VENV)/bin/python benchmarks/lmdpo_vs_trl.py
 
 # SmolLM2-135M-Instruct as a Hugging Face folder for the smollm2 and long_prompt workloads.
 $(POSTTRAIN_SMOLLM2)/config.json: | $(BENCH_VENV)/bin/.installed

@@ -1,7 +1,9 @@
 """The LM DPO objective (algorithm/lmdpo.py): loss and gradient equal a hand computation of the
 sigmoid (with label smoothing) and IPO losses, one step is the same whatever the micro-batch split
 that keeps pairs whole, a policy equal to its reference has Δ = 0 (loss log 2), and the held-out
-metrics are TRL's. (TRL's DPOTrainer is not installed here; this hand computation is the oracle.)
+metrics are TRL's. (TRL's DPOTrainer is not in the suite's venv, so this hand computation is the
+oracle here; tests/test_lmdpo_vs_trl.py and ``make lmdpo-vs-trl`` compare against TRL 1.16 in the
+bench venv.)
 """
 
 from __future__ import annotations
@@ -102,8 +104,11 @@ def test_loss_and_gradient_equal_the_hand_computation(model, reference, loss, be
     hand_grads = torch.autograd.grad(expected, list(model.parameters()))
     assert got.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
     assert metrics["objective/weight_sum"].item() == len(data)
+    # float32 against the float64 hand gradients: the absolute slack scales with the largest
+    # gradient (IPO's reach ~9, where float32 rounding alone is ~1e-6)
+    scale = max(1.0, max(float(h.abs().max()) for h in hand_grads))
     for g, h in zip(grads, hand_grads, strict=True):
-        assert torch.allclose(g, h.float(), atol=1e-6, rtol=1e-4)
+        assert torch.allclose(g, h.float(), atol=1e-6 * scale, rtol=1e-4)
     with torch.no_grad():  # TRL's metrics: β-scaled log-ratios, their order, the policy's logps
         rc = torch.stack([beta * (seq_logp(model, c) - seq_logp(reference, c)) for c, _ in data])
         rr = torch.stack([beta * (seq_logp(model, r) - seq_logp(reference, r)) for _, r in data])
