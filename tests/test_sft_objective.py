@@ -1,5 +1,6 @@
 """The SFT objective (algorithm/sft.py): loss and gradient equal a hand computation, and one
-optimizer step is the same whatever the micro-batch split (rows or token budget)."""
+optimizer step is the same whatever the micro-batch split (rows or token budget), with rows that
+share a prefix (encoded once: the batch's prompt) or not; the head runs at trained tokens only."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
 from posttrain.algorithm.sft import held_out, make_objective
-from posttrain.data.logprobs import response_logits
-from posttrain.data.sft import SFTRow, collate, collate_packed, pack
+from posttrain.data.logprobs import masked_response_logprobs, response_logits, response_logprobs
+from posttrain.data.sft import SFTRow, collate, collate_packed, common_prefix, pack
 from posttrain.model.tiny import tiny_config
 from posttrain.trainer import LLMTrainer
 
@@ -23,14 +24,17 @@ def model():
     return LlamaForCausalLM(tiny_config("tiny")).eval()
 
 
-def rows(seed: int = 1, n: int = 5, vocab: int = 60) -> list[SFTRow]:
-    """Rows of varied lengths with scattered loss tokens (never the first, as rendering makes)."""
+def rows(seed: int = 1, n: int = 5, vocab: int = 60, prefix: int = 0) -> list[SFTRow]:
+    """Rows of varied lengths with scattered loss tokens (never the first, as rendering makes);
+    ``prefix``: the first ``prefix`` tokens the same untrained ones in every row (a system
+    prompt)."""
     g = torch.Generator().manual_seed(seed)
+    shared = torch.randint(4, min(vocab, 60), (prefix,), generator=g).tolist()
     out = []
     for i in range(n):
         length = int(torch.randint(4, 12, (1,), generator=g))
-        ids = torch.randint(4, min(vocab, 60), (length,), generator=g).tolist()
-        mask = [False] + (torch.rand(length - 1, generator=g) < 0.6).tolist()
+        ids = shared + torch.randint(4, min(vocab, 60), (length,), generator=g).tolist()
+        mask = [False] * (prefix + 1) + (torch.rand(length - 1, generator=g) < 0.6).tolist()
         mask[-1] = True  # every row trains at least one token
         out.append(SFTRow(ids, mask, f"rows:{i}"))
     return out
@@ -50,9 +54,11 @@ def hand_loss(model, data: list[SFTRow], reduction: str) -> torch.Tensor:
     return torch.stack([s / c for s, c in zip(per_row, counts, strict=True)]).mean()
 
 
+@pytest.mark.parametrize("prefix", [0, 6])
 @pytest.mark.parametrize("reduction", ["token_sum", "sequence_mean"])
-def test_loss_and_gradient_equal_the_hand_computation(model, reduction):
-    data = rows()
+def test_loss_and_gradient_equal_the_hand_computation(model, reduction, prefix):
+    data = rows(prefix=prefix)
+    assert collate(data, pad_id=0).prompt_width == (6 if prefix else 1)
     objective = make_objective(None, None, reduction=reduction)
     loss, metrics = objective(model, collate(data, pad_id=0))
     grads = torch.autograd.grad(loss, list(model.parameters()))
@@ -74,15 +80,46 @@ def step(model, data, **split) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trained.named_parameters()}
 
 
+@pytest.mark.parametrize("prefix", [0, 6])
 @pytest.mark.parametrize("reduction", ["token_sum", "sequence_mean"])
-def test_one_step_is_split_invariant(model, reduction):
-    data = rows(seed=2, n=6)
+def test_one_step_is_split_invariant(model, reduction, prefix):
+    data = rows(seed=2, n=6, prefix=prefix)
     whole = step(model, data, micro_batch_size=6, reduction=reduction)
     for split in ({"micro_batch_size": 1}, {"micro_batch_size": 4},
                   {"micro_batch_size": 6, "micro_batch_tokens": 20}):  # fmt: skip
         other = step(model, data, reduction=reduction, **split)
         for name, w in whole.items():
             assert torch.allclose(w, other[name], atol=1e-6, rtol=0), (split, name)
+
+
+def test_the_common_prefix_stops_before_any_trained_token_and_any_difference():
+    a = SFTRow([1, 2, 3, 4, 5, 6], [False, False, False, False, True, True], "a")
+    b = SFTRow([1, 2, 3, 4, 9, 9], [False, False, False, False, False, True], "b")
+    assert common_prefix([a, b]) == 4  # differ at token 4, a trains it
+    c = SFTRow([1, 2, 3, 4, 5, 6], [False, False, True, True, True, True], "c")
+    assert common_prefix([a, c]) == 2  # c trains token 2: it must be a response token
+    d = SFTRow([7, 2, 3], [False, True, True], "d")
+    assert common_prefix([a, d]) == 1  # nothing shared: the first token alone
+    batch = collate([a, b], pad_id=0)
+    assert batch.prompt_width == 4 and batch.response_mask.tolist() == [[True, True],
+                                                                        [False, True]]  # fmt: skip
+
+
+@pytest.mark.parametrize("chunk_elements", [1 << 26, 60 * 7])
+def test_masked_logprobs_equal_the_full_ones_at_the_mask(model, chunk_elements):
+    """The head at trained tokens only (whole or in chunks of 7 positions): the same values
+    and gradient as every position scored and the rest masked out."""
+    batch = collate(rows(seed=6, n=5, prefix=3), pad_id=0)
+    params = list(model.parameters())
+    got = masked_response_logprobs(model, batch, chunk_elements=chunk_elements)
+    full = response_logprobs(model, batch).masked_fill(~batch.response_mask, 0.0)
+    assert torch.equal(got == 0, ~batch.response_mask | (full == 0))
+    assert torch.allclose(got, full, atol=1e-6, rtol=0)
+    weights = torch.rand(got.shape, generator=torch.Generator().manual_seed(0))
+    g_got = torch.autograd.grad((got * weights).sum(), params)
+    g_full = torch.autograd.grad((full * weights).sum(), params)
+    for a, b in zip(g_got, g_full, strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
 def test_held_out_loss_and_token_accuracy(model):

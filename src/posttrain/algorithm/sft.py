@@ -26,7 +26,7 @@ from posttrain.algorithm.primitives.objective import (
 )
 from posttrain.algorithm.primitives.policy_gradient import token_sum_loss
 from posttrain.algorithm.primitives.reads import declare_reads
-from posttrain.data.logprobs import response_logits, response_logprobs, token_logprobs
+from posttrain.data.logprobs import masked_response_logprobs, response_logits, token_logprobs
 from posttrain.data.trajectory import TrajectoryBatch
 
 SFTReduction = Literal["token_sum", "sequence_mean"]
@@ -45,7 +45,7 @@ def make_objective(rl: Any, context: Any, reduction: SFTReduction = "token_sum")
     loss_type = _LOSS_TYPE[reduction]
 
     def fn(model: nn.Module, batch: TrajectoryBatch):
-        logp = response_logprobs(model, batch)
+        logp = masked_response_logprobs(model, batch)  # the head at trained tokens only
         mask = batch.response_mask
         loss, weight = token_sum_loss(-logp, mask, loss_type)
         return loss, {OBJECTIVE_WEIGHT_SUM: weight, "tokens": mask.sum().to(logp.dtype)}

@@ -200,6 +200,37 @@ def response_logprobs(
     return _response_scores(model, batch, temperature, None, chunk_elements)[0]
 
 
+def masked_response_logprobs(
+    model: nn.Module, batch: TrajectoryBatch, chunk_elements: int = LOGIT_CHUNK_ELEMENTS
+) -> Tensor:
+    """``[B, R]`` logprobs of the response tokens ``batch.response_mask`` marks, 0 elsewhere.
+
+    For a loss that reads a few positions of each row (SFT's assistant tokens, a sixth of a
+    tool-use row) the head and log-softmax run at those positions only: the vocabulary-wide
+    logits, most of a small model's step, shrink with the mask. Exact: the positions left out
+    carry no gradient in such a loss. A head that is not a plain linear layer scores every
+    position (:func:`response_logprobs`) and zeroes the rest.
+    """
+    head = _plain_head(model)
+    if head is None:
+        logp = response_logprobs(model, batch, chunk_elements=chunk_elements)
+        return logp.masked_fill(~batch.response_mask, 0.0)
+    trimmed = trim_padding(batch)
+    mask = trimmed.response_mask
+    hidden = response_outputs(model, trimmed, "last_hidden_state")[mask]
+    targets = trimmed.response_ids[mask]
+    rows = max(1, chunk_elements // head.out_features)
+    parts = []
+    for s in range(0, hidden.shape[0], rows):
+        args = (hidden[s : s + rows], head.weight, head.bias, targets[s : s + rows])
+        fn = functools.partial(_head_scores, temperature=1.0, entropy=None)
+        grad = torch.is_grad_enabled()
+        parts.append((checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))[0])
+    flat = torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
+    logp = torch.zeros(mask.shape, dtype=flat.dtype, device=flat.device).masked_scatter(mask, flat)
+    return pad_responses(logp, batch.response_width)
+
+
 def response_logprobs_and_entropy(
     model: nn.Module,
     batch: TrajectoryBatch,

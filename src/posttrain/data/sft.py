@@ -251,18 +251,33 @@ def load_sft(path: str, tokenizer: Any, max_tokens: int, truncation: str) -> SFT
     return SFTData(rows, dropped, fallback)
 
 
+def common_prefix(rows: Sequence[SFTRow]) -> int:
+    """How many leading tokens every row shares before any row's first trained token (>= 1).
+
+    Rows with one system prompt and tool schemas share hundreds of tokens; laid out as the
+    batch's prompt, a shared-prefix forward (``data/prefix.py``) encodes them once for all rows
+    instead of once per row, exactly (every row's later tokens attend to the same keys)."""
+    limit = min(min(r.mask.index(True) for r in rows), min(len(r.ids) for r in rows) - 1)
+    first = rows[0].ids
+    n = 1
+    while n < limit and all(r.ids[n] == first[n] for r in rows):
+        n += 1
+    return max(1, n)
+
+
 def collate(rows: Sequence[SFTRow], pad_id: int) -> TrajectoryBatch:
-    """The rows as a :class:`TrajectoryBatch`: each row's first token is its one prompt token,
-    the rest its response (right-padded), the loss mask its trained tokens among them; every
-    row is its own group."""
+    """The rows as a :class:`TrajectoryBatch`: their :func:`common_prefix` is the prompt, the
+    rest of each row its response (right-padded), the loss mask its trained tokens among them;
+    every row is its own group."""
+    p = common_prefix(rows)
     width = max(len(r.ids) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(rows), width), dtype=torch.long)
-    loss = torch.zeros((len(rows), width - 1), dtype=torch.bool)
+    loss = torch.zeros((len(rows), width - p), dtype=torch.bool)
     for b, r in enumerate(rows):
         ids[b, : len(r.ids)] = torch.tensor(r.ids)
         attention[b, : len(r.ids)] = 1
-        loss[b, : len(r.ids) - 1] = torch.tensor(r.mask[1:])
+        loss[b, : len(r.ids) - p] = torch.tensor(r.mask[p:])
     index = torch.arange(len(rows), dtype=torch.long)
     return TrajectoryBatch(ids, attention, loss, group_ids=index, sample_ids=index.clone())
 
