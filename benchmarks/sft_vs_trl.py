@@ -15,8 +15,10 @@ the same work.
 
 Each side is a child process run alone (nothing else timed at once): peak resident memory is
 the child's ``ru_maxrss``. The first ``--warmup`` steps are dropped; the medians of the rest are
-printed as seconds a step and trained-on tokens (every token of the rows, padding excluded) per
-second. TRL runs twice: ``trl`` (no gradient checkpointing: posttrain's setting) and ``trl_gc``
+printed as seconds a step and row tokens (every token of the rows, padding excluded) per
+second. posttrain encodes the rows' common prefix (the system prompt with the tool description
+and the worked example: 268 of a row's ~370 tokens) once for all rows and runs the head at the
+trained tokens only; ``posttrain_unshared`` (``--sides``) turns the first off. TRL runs twice: ``trl`` (no gradient checkpointing: posttrain's setting) and ``trl_gc``
 (gradient checkpointing on, TRL's memory-best setting). TRL lives only in the benchmark venv.
 """
 
@@ -33,19 +35,26 @@ import time
 from pathlib import Path
 
 RECIPE = "sft_smollm2_calculator"
-SIDES = ("posttrain", "trl", "trl_gc")
+SIDES = ("posttrain", "posttrain_unshared", "trl", "trl_gc")
+#: Run when ``--sides`` is not given; ``posttrain_unshared`` (``rl.shared_prefix=off``: every row
+#: encodes its own copy of the common prefix) shows what the shared prefix alone is worth.
+DEFAULT_SIDES = ("posttrain", "trl", "trl_gc")
 #: Step 1's loss may differ between the sides by this much (float32 sums in another order;
 #: bf16 compute rounds each matmul to 8 mantissa bits).
 LOSS_TOLERANCE = {False: 1e-4, True: 2e-2}
 
 
-def resolved_config(steps: int, out_root: Path, bf16: bool):
+def resolved_config(steps: int, out_root: Path, bf16: bool, shared_prefix: bool = True):
     from posttrain.config import load_config
+    from posttrain.model.gguf_import import smollm2_dir
 
-    opts = [f"rl.max_steps={steps}", f"job.output_root={out_root}", "sft.val_path=null",
+    opts = [f"model.name_or_path={smollm2_dir()}", f"rl.max_steps={steps}",
+            f"job.output_root={out_root}", "sft.val_path=null",
             "placement.torch_threads_per_process=2", "rl.save_every=0"]  # fmt: skip
     if bf16:
         opts.append("model.dtype=bfloat16")
+    if not shared_prefix:
+        opts.append("rl.shared_prefix=off")
     return load_config(RECIPE, ["--", *opts])
 
 
@@ -149,9 +158,10 @@ def child(args) -> None:
     quiet_libraries()
     torch.set_num_threads(2)
     workdir = Path(args.workdir)
-    config = resolved_config(args.steps, workdir / args.child, args.bf16)
+    shared = args.child != "posttrain_unshared"
+    config = resolved_config(args.steps, workdir / args.child, args.bf16, shared)
     steps = step_rows(config)
-    if args.child == "posttrain":
+    if args.child.startswith("posttrain"):
         times = run_posttrain(config, steps)
     else:
         times = run_trl(config, steps, args.child == "trl_gc", args.bf16, workdir)
@@ -182,7 +192,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--bf16", action="store_true", help="bf16 compute on both sides")
-    ap.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
+    ap.add_argument("--sides", nargs="+", default=list(DEFAULT_SIDES), choices=SIDES)
     ap.add_argument("--json", default=None, help="also write the results to this file")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -207,11 +217,11 @@ def main() -> None:
     precision = "bf16" if args.bf16 else "fp32"
     print(f"\n{RECIPE} ({precision}, LoRA r16, 8 rows a step): medians of "
           f"{args.steps - args.warmup} steps")  # fmt: skip
-    print(f"{'side':<12}{'s/step':>10}{'tokens/s':>12}{'peak RSS GiB':>14}{'posttrain x':>13}")
+    print(f"{'side':<20}{'s/step':>10}{'tokens/s':>12}{'peak RSS GiB':>14}{'posttrain x':>13}")
     ours = results.get("posttrain")
     for side, r in results.items():
         ratio = f"{r['step_s'] / ours['step_s']:.2f}" if ours and side != "posttrain" else ""
-        print(f"{side:<12}{r['step_s']:>10.2f}{r['tokens_per_s']:>12.0f}"
+        print(f"{side:<20}{r['step_s']:>10.2f}{r['tokens_per_s']:>12.0f}"
               f"{r['peak_rss_gib']:>14.2f}{ratio:>13}")  # fmt: skip
     print(f"load average: {os.getloadavg()}")
     if args.json:

