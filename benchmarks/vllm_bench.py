@@ -3,6 +3,7 @@
     python benchmarks/vllm_bench.py                     # the ``small`` preset's shape
     python benchmarks/vllm_bench.py --shape smollm2     # SmolLM2-135M's shape (random weights)
     python benchmarks/vllm_bench.py --dtype bfloat16    # both engines sample in bf16
+    python benchmarks/vllm_bench.py --shape smollm2 --lora 16   # a LoRA policy's merged sync
     python benchmarks/vllm_bench.py --json vllm.json
 
 Random weights of a Llama shape (``small``: hidden 512, 8 layers, 8 heads of 64, vocab 99,
@@ -14,7 +15,10 @@ runs to ``--new`` tokens. Each engine's rollout is timed after one warm-up call 
 defaults); its load (process start to first reply) is reported apart. The sync is what a run
 does after every update: every weight through ``WeightSource`` buckets of
 ``placement.sync_bucket_mb``'s default into the engine's receiver (safetensors in /dev/shm,
-``reload_weights``, ``lm_head`` repack, prefix-cache reset). Needs ``.venv-vllm``
+``reload_weights``, ``lm_head`` repack, prefix-cache reset); ``--lora R``: the policy is that
+model with rank-``R`` adapters on every linear layer (``B`` nonzero), and the sync sends its
+merged weights (``base + B @ A * scale``, the only kind vLLM reloads), with the adapters' own
+bytes beside them and the driver's peak RSS growth over the syncs. Needs ``.venv-vllm``
 (``make install-vllm``). Numbers depend on what else runs: alone on the machine they time.
 """
 
@@ -34,6 +38,26 @@ SHAPES = {
     "small": dict(hidden=512, layers=8, heads=8, kv=8, ffn=1376, vocab=99),
     "smollm2": dict(hidden=576, layers=30, heads=9, kv=3, ffn=1536, vocab=49152),
 }
+
+
+def _rss_kib(field: str) -> int:
+    """``VmRSS`` (now) or ``VmHWM`` (the peak so far) of this process, KiB."""
+    text = Path("/proc/self/status").read_text()
+    return int(next(line for line in text.splitlines() if line.startswith(field)).split()[1])
+
+
+def lora_policy(model, rank: int):
+    """``model`` (a deep copy) with rank-``rank`` adapters on every linear layer, ``B`` random
+    (a policy some updates away from its base)."""
+    from posttrain.model.lora import apply_lora
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    policy = apply_lora(copy.deepcopy(model), rank, 2.0 * rank, targets)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.01)
+    return policy
 
 
 def build_model(shape: dict, folder: Path):
@@ -62,6 +86,7 @@ def timed(fn, repeats: int) -> float:
 
 
 def main() -> None:
+    from posttrain.model.lora import adapter_bytes
     from posttrain.placement.weight_sync import WeightSink, WeightSource, bucket_bytes
     from posttrain.rollout.registry import build_engine
     from posttrain.rollout.vllm_engine import VllmOptions
@@ -77,6 +102,7 @@ def main() -> None:
     ap.add_argument("--kv-gib", type=float, default=1.0)
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--sync-mb", type=float, default=256.0, help="bucket size of the sync")
+    ap.add_argument("--lora", type=int, default=0, help="LoRA rank of the synced policy")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -105,8 +131,12 @@ def main() -> None:
         try:
             seconds = timed(lambda: engine.generate(prompts, **kw), args.repeats)
             out["vllm_tok_s"] = tokens / seconds
-            source = WeightSource(model, bucket_bytes(args.sync_mb))
+            policy = lora_policy(model, args.lora) if args.lora else model
+            source = WeightSource(policy, bucket_bytes(args.sync_mb), adapters=False)
             sink = WeightSink(engine)
+            if args.lora:
+                out["adapter_mib"] = adapter_bytes(policy) / 2**20
+            rss_before = _rss_kib("VmRSS")
             syncs = []
             for _ in range(args.repeats):
                 t0 = time.perf_counter()
@@ -117,6 +147,7 @@ def main() -> None:
             out["sync_reload_s"] = engine.last_reload_s
             out["sync_buckets"] = len(source.buckets)
             out["sync_mib"] = sum(u.nbytes for b in source.buckets for u in b) / 2**20
+            out["sync_peak_rss_growth_mib"] = (_rss_kib("VmHWM") - rss_before) / 1024
         finally:
             engine.close()
     out["vllm_over_torch"] = out["vllm_tok_s"] / out["torch_tok_s"]

@@ -27,8 +27,6 @@ CASES: list[Case] = [
      [*VLLM, "vllm.kv_cache_space_gib=4.0"]),
     ("vllm_runs_under_local_placement", [*VLLM, "placement.backend=ray"],
      "rollout.engine=vllm runs under placement.backend=local only", VLLM),
-    ("vllm_takes_full_weights", [*VLLM, "model.lora_rank=4"],
-     "rollout.engine=vllm takes full weights only, not a LoRA policy's adapters", VLLM),
     ("vllm_samples_in_step", [*VLLM, "placement.backend=ray", "rl.off_policy_lag=1"],
      "rollout.engine=vllm samples in the sequential loop only (got rl.off_policy_lag=1)", VLLM),
     ("vllm_serves_grpo", [*VLLM, *OPD], "rollout.engine=vllm is built for the GRPO entry, not "

@@ -32,6 +32,7 @@ from posttrain.config import load_config
 from posttrain.data.logprobs import response_logprobs
 from posttrain.entrypoints import grpo
 from posttrain.model.loading import load_policy
+from posttrain.model.lora import apply_lora
 from posttrain.model.presets import preset_config
 from posttrain.model.tiny import preset_tokenizer
 from posttrain.model.tokenizer import save_char_tokenizer
@@ -186,6 +187,34 @@ def test_a_bucketed_sync_samples_the_new_weights_and_a_sync_back_the_old_bit_for
     assert torch.equal(again.batch.rollout_logprobs, before.batch.rollout_logprobs)
 
 
+def test_a_lora_policy_syncs_its_merged_weights(engine, folders):
+    """vLLM reloads full weights only: a LoRA policy's sync sends base + B @ A * scale for
+    every adapted weight (its other weights as they are), and vLLM then samples the adapted
+    policy's log-probs, not the base's."""
+    first, _ = load_policy(folders[0])
+    policy = apply_lora(load_policy(folders[0])[0], 4, 8.0, ["q_proj", "v_proj", "down_proj"])
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(7)) * 0.3)
+    source = WeightSource(policy, limit=16 * 1024, adapters=False)
+    sink = WeightSink(engine)
+    for k in range(len(source.buckets)):
+        sink.receive(source.bucket(k), k == len(source.buckets) - 1)
+    out = engine.generate(PROMPTS, n=2, temperature=0.7, max_tokens=16, seed=3)
+    with torch.no_grad():
+        adapted = response_logprobs(policy, out.batch, temperature=0.7)
+        base = response_logprobs(first, out.batch, temperature=0.7)
+    m = out.batch.response_mask
+    assert float((adapted - out.batch.rollout_logprobs).abs()[m].max()) <= LOGPROB_BOUND
+    assert float((base - out.batch.rollout_logprobs).abs()[m].max()) > 100 * LOGPROB_BOUND
+    refused = r"^weight sync: adapters arrived for .*, but this rollout holds no base weights"
+    with pytest.raises(ValueError, match=refused):
+        adapters = WeightSource(policy, limit=1 << 30)  # adapters alone: vLLM cannot take them
+        sink.receive(adapters.bucket(0), True)
+    _sync(engine, first)  # the module's other tests sample the first weights
+
+
 #: bf16 sampled-token log-probs after a sync vs the trainer's float32 forward of the synced
 #: weights rounded to bf16. Measured on 2026-12-03 on an AMX CPU: 1.3e-6 with the repack, 15.4
 #: (mean 7.2) with it removed; the fresh engine's gap on the first weights was 3.2e-3.
@@ -251,12 +280,15 @@ def _vllm_children() -> set[int]:
 
 
 def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, folders):
+    """A LoRA policy (every sync its merged full weights: the only kind vLLM reloads)."""
     opts = [
         f"job.output_root={tmp_path / 'out'}", f"model.name_or_path={folders[0]}",
         "rollout.engine=vllm", "rollout.dtype=float32", "rl.grpo_surrogate=clipped",
         "data.train_size=40", "data.val_size=4", "data.prompts_per_step=4", "rollout.n=4",
         "rollout.max_tokens=4", "rl.max_steps=3", "rl.save_every=3", "rl.eval_every=3",
-        "rl.micro_batch_size=8", "logging.progress=false",
+        "rl.micro_batch_size=8", "logging.progress=false", "model.lora_rank=4",
+        "model.lora_alpha=8.0", "model.lora_target_modules=[q_proj,v_proj]", "rl.lr=0.01",
+        "rl.entropy_coef=0.1",  # a gradient whatever the rewards (all 0 for a random model)
     ]  # fmt: skip
     config = load_config("arithmetic", ["--", *opts])
     assert config.rl.rollout_is_cap == 2.0  # the correction is on by default with this engine
@@ -270,8 +302,13 @@ def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, fo
     worst = [r["train/rollout/logprob_abs_diff_max"] for r in steps]
     print(f"GRPO with vLLM: logprob_abs_diff {gaps}, max {worst}")
     assert all(0 <= g <= w <= LOGPROB_BOUND for g, w in zip(gaps, worst, strict=True)), worst
-    assert all(r["sync/bytes"] > 0 for r in steps)  # full weights after every update
+    full = sum(p.numel() * 4 for p in load_policy(folders[0])[0].parameters())
+    assert all(r["sync/bytes"] == full for r in steps)  # merged full weights after every update
     assert "val/accuracy" in rows[-1]
+    trained, _ = load_policy(Path(summary["run_dir"]) / "final_model")
+    moved = max(float((a - b).abs().max()) for a, b in
+                zip(trained.parameters(), load_policy(folders[0])[0].parameters(), strict=True))  # fmt: skip
+    assert moved > 1e-3  # the adapters moved the policy well past the gap bound
 
 
 def test_a_head_size_vllms_cpu_attention_does_not_take_is_one_line(tmp_path):

@@ -256,8 +256,8 @@ class RolloutConfig(Section):
         "rows dropped (fastest on the CPU). `static`: fixed KV buffers and a decode step without "
         "host syncs, captured as CUDA graphs on a GPU (Llama-family models only; eager on CPU). "
         "`vllm`: vLLM in its own process and environment (`make install-vllm`; settings in the "
-        "`vllm` section), full weights reloaded after every update; single-turn, local "
-        "placement, no LoRA, no lag (docs/guides/vllm.md).",
+        "`vllm` section), full weights reloaded after every update (a LoRA policy's merged "
+        "ones); single-turn, local placement, no lag (docs/guides/vllm.md).",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",

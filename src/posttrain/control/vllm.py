@@ -3,8 +3,8 @@ compose with yet (each refused in one line rather than half-supported).
 
 The engine is single-turn (its capabilities say so; ``control/external.py`` refuses an
 environment), samples in a process of its own under local placement, and takes full weights
-after every update. Ray placement, LoRA adapter syncs, a lag and the non-GRPO online entries
-are not built for it; the ``vllm`` section is read only with it.
+after every update (a LoRA policy's merged ones). Ray placement, a lag and the non-GRPO online
+entries are not built for it; the ``vllm`` section is read only with it.
 """
 
 from __future__ import annotations
@@ -56,18 +56,6 @@ def vllm_runs_under_local_placement(cfg: PosttrainConfig) -> str | None:
     )
 
 
-@error("rollout.engine", "model.lora_rank")
-def vllm_takes_full_weights(cfg: PosttrainConfig) -> str | None:
-    """The engine reloads full weights after every update; an adapter-only sync (vLLM's LoRA
-    path) is not built, and merging adapters into a full reload is not tested."""
-    if not _on(cfg) or not cfg.model.lora_rank:
-        return None
-    return (
-        f"rollout.engine=vllm takes full weights only, not a LoRA policy's adapters (got "
-        f"model.lora_rank={cfg.model.lora_rank}); set model.lora_rank=0 or rollout.engine=torch"
-    )
-
-
 @error("rollout.engine", "rl.off_policy_lag")
 def vllm_samples_in_step(cfg: PosttrainConfig) -> str | None:
     """A lag samples on Ray while the policy trains; the vLLM engine runs in the sequential
@@ -113,7 +101,6 @@ RULES = (
     vllm_section_needs_the_engine,
     vllm_environment_exists,
     vllm_runs_under_local_placement,
-    vllm_takes_full_weights,
     vllm_samples_in_step,
     vllm_serves_grpo,
     vllm_without_is_correction,

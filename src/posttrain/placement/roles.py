@@ -152,7 +152,9 @@ class PolicyRole:
     def _weights(self) -> WeightSource:
         if self._source is None:
             limit = bucket_bytes(self.config.placement.sync_bucket_mb)
-            self._source = WeightSource(self.model, limit)
+            # An engine that reloads full weights only gets a LoRA policy's merged weights.
+            caps = engine_capabilities(self.config.rollout.engine)
+            self._source = WeightSource(self.model, limit, None if caps.adapter_sync else False)
         return self._source
 
     def save(self, step: int, data_state: Mapping[str, Any]) -> str:

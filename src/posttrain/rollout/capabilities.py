@@ -6,6 +6,9 @@ accepts) is the log-prob of the distribution actually sampled, after temperature
 ``in_process``: the engine samples with a torch module in the caller's process, so it can share
 the policy module (a float32 local run then syncs nothing); else it holds its own copy
 elsewhere and every sync sends the weights.
+``adapter_sync``: a LoRA policy's sync may send its adapters alone (the rollout merges them onto
+its float32 base copy); an engine that reloads full weights only (vLLM) gets the policy's merged
+weights instead.
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ class EngineCapabilities:
     multi_turn: bool
     logprobs: LogprobSemantics
     in_process: bool = True
+    adapter_sync: bool = True
 
 
 TORCH = EngineCapabilities(multi_turn=True, logprobs="processed")
 STATIC = EngineCapabilities(multi_turn=False, logprobs="processed")
-VLLM = EngineCapabilities(multi_turn=False, logprobs="processed", in_process=False)
+VLLM = EngineCapabilities(
+    multi_turn=False, logprobs="processed", in_process=False, adapter_sync=False
+)
