@@ -32,7 +32,7 @@ from posttrain.algorithm.primitives.objective import (
 )
 from posttrain.algorithm.primitives.reads import declare_reads
 from posttrain.data.lmdpo import CHOSEN_COLUMN
-from posttrain.data.logprobs import response_logprobs
+from posttrain.data.logprobs import masked_response_logprobs
 from posttrain.data.trajectory import TrajectoryBatch
 
 PreferenceLoss = Literal["sigmoid", "ipo"]
@@ -120,7 +120,7 @@ def make_objective(
             raise ObjectiveContractError(
                 f"a DPO batch needs the reference's log-probs in {REFERENCE_COLUMN!r}"
             )
-        policy = sequence_logps(response_logprobs(model, batch), batch)
+        policy = sequence_logps(masked_response_logprobs(model, batch), batch)
         per_pair, metrics = pair_losses(policy, sequence_logps(ref, batch), loss, beta, smoothing)
         weight = torch.tensor(float(len(per_pair)), dtype=policy.dtype)
         means = {k: v.mean() for k, v in metrics.items()}
@@ -153,8 +153,8 @@ def held_out(
             rows = [i for k in range(s, min(s + pairs, n)) for i in (2 * k, 2 * k + 1)]
             part = batch[rows].to(device)
             with context():
-                policy = sequence_logps(response_logprobs(model, part), part)
-                ref = sequence_logps(response_logprobs(reference, part), part)
+                policy = sequence_logps(masked_response_logprobs(model, part), part)
+                ref = sequence_logps(masked_response_logprobs(reference, part), part)
             per_pair, metrics = pair_losses(policy.float(), ref.float(), loss, beta, smoothing)
             for k, v in {"loss": per_pair, **metrics}.items():
                 sums[k] = sums.get(k, 0.0) + float(v.double().sum())

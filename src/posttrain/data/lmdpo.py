@@ -111,7 +111,7 @@ def load_pairs(path: str, tokenizer: Any, max_tokens: int, truncation: str) -> P
 
 def collate_pairs(pairs: Sequence[tuple[SFTRow, SFTRow]], pad_id: int) -> TrajectoryBatch:
     """The pairs as one :class:`TrajectoryBatch`, chosen then rejected per pair (rows ``2k``,
-    ``2k+1``), laid out as SFT rows are (the first token the prompt, the rest the response, the
+    ``2k+1``), laid out as SFT rows are (their common prefix the prompt, the rest the response, the
     answer's tokens the loss mask); each pair is one group, so the trainer keeps it in one
     micro-batch, and :data:`CHOSEN_COLUMN` says which row is which."""
     rows = [r for pair in pairs for r in pair]

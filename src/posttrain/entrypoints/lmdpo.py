@@ -31,7 +31,7 @@ from posttrain.algorithm.primitives.objective import REFERENCE_COLUMN
 from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.control.entries import refuse_unread_overrides
 from posttrain.data.lmdpo import PairData, collate_pairs, load_pairs
-from posttrain.data.logprobs import response_logprobs
+from posttrain.data.logprobs import masked_response_logprobs
 from posttrain.data.order import step_indices
 from posttrain.entrypoints.sft import _tokenizer
 from posttrain.placement.policy_only import place_policy_only
@@ -73,15 +73,15 @@ class LMDPOPolicyRole(PolicyRole):
 
     @torch.no_grad()
     def reference_logprobs(self, batch) -> torch.Tensor:
-        """``[B, R]`` log-probs of ``batch`` under the reference, ``rl.micro_batch_size`` rows
-        a forward, in the trainer's precision."""
+        """``[B, R]`` log-probs of ``batch``'s answer tokens (0 elsewhere) under the reference,
+        ``rl.micro_batch_size`` rows a forward, in the trainer's precision."""
         device = self.trainer.device
         out = []
         step = self.config.rl.micro_batch_size
         for s in range(0, len(batch), step):
             part = batch[list(range(s, min(s + step, len(batch))))].to(device)
             with self.trainer.forward_context():
-                out.append(response_logprobs(self.reference, part).float().cpu())
+                out.append(masked_response_logprobs(self.reference, part).float().cpu())
         return torch.cat(out)
 
     def train(self, batch) -> dict[str, float]:
