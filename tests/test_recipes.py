@@ -32,6 +32,9 @@ EXPECTED_WARNINGS = {
     "rft_arithmetic": [],
     "rft_arithmetic_sft": [],
     "rft_arithmetic_lmdpo": [],
+    "rft_smollm2": [],
+    "rft_smollm2_sft": [],
+    "rft_smollm2_lmdpo": [],
 }
 
 
