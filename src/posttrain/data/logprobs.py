@@ -219,14 +219,10 @@ def masked_response_logprobs(
     mask = trimmed.response_mask
     hidden = response_outputs(model, trimmed, "last_hidden_state")[mask]
     targets = trimmed.response_ids[mask]
+    if hidden.shape[0] == 0:  # nothing trained in this batch
+        return torch.zeros(batch.response_mask.shape, device=hidden.device)
     rows = max(1, chunk_elements // head.out_features)
-    parts = []
-    for s in range(0, hidden.shape[0], rows):
-        args = (hidden[s : s + rows], head.weight, head.bias, targets[s : s + rows])
-        fn = functools.partial(_head_scores, temperature=1.0, entropy=None)
-        grad = torch.is_grad_enabled()
-        parts.append((checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))[0])
-    flat = torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
+    flat, _ = _head_in_chunks(hidden, head, targets, rows, 1.0, None)
     logp = torch.zeros(mask.shape, dtype=flat.dtype, device=flat.device).masked_scatter(mask, flat)
     return pad_responses(logp, batch.response_width)
 
@@ -274,15 +270,25 @@ def _trimmed_scores(
     if rows >= batch.batch_size:
         return _score(response_logits(model, batch), batch.response_ids, temperature, entropy)
     hidden = response_outputs(model, batch, "last_hidden_state")
-    targets = batch.response_ids
+    return _head_in_chunks(hidden, head, batch.response_ids, rows, temperature, entropy)
+
+
+def _head_in_chunks(
+    hidden: Tensor,
+    head: nn.Linear,
+    targets: Tensor,
+    rows: int,
+    temperature: float,
+    entropy: EntropyMode | None,
+) -> tuple[Tensor, Tensor | None]:
+    """The head + log-softmax over ``rows`` leading entries of ``hidden`` at a time, each chunk
+    recomputed in the backward (checkpointed) so only one chunk's logits are ever held."""
+    fn = functools.partial(_head_scores, temperature=temperature, entropy=entropy)
+    grad = torch.is_grad_enabled()
     logps, ents = [], []
-    for s in range(0, batch.batch_size, rows):
+    for s in range(0, hidden.shape[0], rows):
         args = (hidden[s : s + rows], head.weight, head.bias, targets[s : s + rows])
-        fn = functools.partial(_head_scores, temperature=temperature, entropy=entropy)
-        if torch.is_grad_enabled():
-            logp, ent = checkpoint(fn, *args, use_reentrant=False)
-        else:
-            logp, ent = fn(*args)
+        logp, ent = checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args)
         logps.append(logp)
         ents.append(ent)
     return torch.cat(logps), None if entropy is None else torch.cat(ents)

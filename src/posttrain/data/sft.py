@@ -262,7 +262,7 @@ def common_prefix(rows: Sequence[SFTRow]) -> int:
     n = 1
     while n < limit and all(r.ids[n] == first[n] for r in rows):
         n += 1
-    return max(1, n)
+    return n
 
 
 def collate(rows: Sequence[SFTRow], pad_id: int) -> TrajectoryBatch:

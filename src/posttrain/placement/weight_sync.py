@@ -270,13 +270,13 @@ class WeightSink:
 
     @torch.no_grad()
     def _merged(self, module: str, a: Tensor, b: Tensor) -> Tensor:
-        base = self.base.get(module)
         if not self.base:
             raise ValueError(
                 f"weight sync: adapters arrived for {module}, but this rollout holds no base "
                 "weights to merge them onto (its engine takes full weights only); send the "
                 "policy's merged weights"
             )
+        base = self.base.get(module)
         if base is None:
             raise ValueError(
                 f"weight sync: adapters arrived for {module}, which the rollout does not hold as "
