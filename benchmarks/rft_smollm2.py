@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct: base vs SFT on its correct samples vs DPO on its pairs (held-out).
 
-    python benchmarks/rft_smollm2.py [--seeds 0] [--prompts 8] [--steps 8]
+    python benchmarks/rft_smollm2.py [--seeds 0] [--prompts 8] [--after-prompts A] [--steps 8]
         [--root outputs/rft_smollm2] [--tag NAME] [--sft-opts K=V ...] [--dpo-opts K=V ...]
 
 Per seed ``s`` (each command one torch thread, in order, under ``--root``):
@@ -11,7 +11,8 @@ Per seed ``s`` (each command one torch thread, in order, under ``--root``):
    held-out problems;
 2. ``posttrain sft --config rft_smollm2_sft`` and ``posttrain lmdpo --config rft_smollm2_lmdpo``
    from the base on those files, ``--steps`` steps each (LoRA r16);
-3. ``posttrain rft`` from each fine-tuned model on the same ``P`` prompts: its greedy held-out
+3. ``posttrain rft`` from each fine-tuned model on the first ``A`` of those prompts (default
+   ``P``; sampling 64 prompts costs about as much as the evaluation): its greedy held-out
    accuracy (GRPO's evaluation, the same 200 problems) and its train-sample correct rate.
 
 The seed changes the split (reasoning-gym entry ``i`` is built from ``seed + i``) and the
@@ -30,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rft_measure import held_out, posttrain, table  # noqa: E402
 
 
-def one_seed(seed: int, root: Path, prompts: int, steps: int, tag: str, extra: dict) -> dict:
+def one_seed(seed: int, root: Path, prompts: tuple[int, int], steps: int, tag: str,
+             extra: dict) -> dict:  # fmt: skip
     common = (
         f"job.output_root={root}",
         f"job.seed={seed}",
@@ -38,19 +40,21 @@ def one_seed(seed: int, root: Path, prompts: int, steps: int, tag: str, extra: d
     )
     data = root / "rft" / f"base_s{seed}"
     if not (data / "summary.json").exists():
-        posttrain("rft", "--config", "rft_smollm2", "--prompts", str(prompts), "--out", str(data),
+        posttrain("rft", "--config", "rft_smollm2", "--prompts", str(prompts[0]), "--out", str(data),
                   "--", *common)  # fmt: skip
     row = {"seed": seed, "base": held_out(data)}
-    for entry, key, file in (("sft", "sft.train_path", "sft.jsonl"),
-                             ("lmdpo", "lmdpo.train_path", "pairs.jsonl")):  # fmt: skip
+    for entry, key, file in (("lmdpo", "lmdpo.train_path", "pairs.jsonl"),
+                             ("sft", "sft.train_path", "sft.jsonl")):  # fmt: skip
         name = f"{entry}_{tag}_s{seed}"
-        posttrain(entry, "--config", f"rft_smollm2_{entry}", "--", *common, f"job.name={name}",
-                  f"{key}={data / file}", f"rl.max_steps={steps}", f"rl.save_every={steps}",
-                  "logging.progress=false", *extra[entry])  # fmt: skip
+        model = root / entry / name / "final_model"
+        if not model.exists():  # a finished step is reused: the chain resumes where it stopped
+            posttrain(entry, "--config", f"rft_smollm2_{entry}", "--", *common, f"job.name={name}",
+                      f"{key}={data / file}", f"rl.max_steps={steps}", f"rl.save_every={steps}",
+                      "logging.progress=false", *extra[entry])  # fmt: skip
         after = root / "rft" / f"after_{name}"
-        posttrain("rft", "--config", "rft_smollm2", "--prompts", str(prompts), "--out",
-                  str(after), "--", *common,
-                  f"model.name_or_path={root}/{entry}/{name}/final_model")  # fmt: skip
+        if not (after / "summary.json").exists():
+            posttrain("rft", "--config", "rft_smollm2", "--prompts", str(prompts[1]), "--out",
+                      str(after), "--", *common, f"model.name_or_path={model}")  # fmt: skip
         row[entry] = held_out(after)
     return row
 
@@ -59,6 +63,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--prompts", type=int, default=8, help="train prompts sampled (x8)")
+    p.add_argument("--after-prompts", type=int, help="train prompts sampled after (default P)")
     p.add_argument("--steps", type=int, default=8, help="SFT and DPO steps")
     p.add_argument("--root", default="outputs/rft_smollm2")
     p.add_argument("--tag", default="default", help="names this variant's SFT and DPO runs")
@@ -69,7 +74,8 @@ def main() -> int:
     extra = {"sft": args.sft_opts, "lmdpo": args.dpo_opts}
     rows = []
     for seed in args.seeds:
-        rows.append(one_seed(seed, root, args.prompts, args.steps, args.tag, extra))
+        prompts = (args.prompts, args.after_prompts or args.prompts)
+        rows.append(one_seed(seed, root, prompts, args.steps, args.tag, extra))
         (root / f"table_{args.tag}.json").write_text(json.dumps(rows, indent=2) + "\n")
         print(table(rows), flush=True)
     return 0
