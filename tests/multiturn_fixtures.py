@@ -22,15 +22,17 @@ def _tiny_shape(tok) -> dict:
     )  # fmt: skip
 
 
-def build_tools_model(out: Path, seed: int = 0, eos_logit: float = 0.5) -> Path:
-    """A random tiny Llama whose vocabulary is the tools tokenizer's (char ids + tool markers).
+def build_tools_model(out: Path, seed: int = 0, eos_logit: float = 0.5, heads: int = 4) -> Path:
+    """A random tiny Llama whose vocabulary is the tools tokenizer's (char ids + tool markers);
+    ``heads=1`` gives head size 32, which vLLM's CPU attention takes (8 it refuses).
 
     A random model almost never samples EOS, so its turns would all run out of tokens: a bias
     of the last MLP plus an untied EOS row of the head add about ``eos_logit`` to EOS's logit
     everywhere, so turns end at varied lengths.
     """
     tok = build_tools_tokenizer()
-    config = LlamaConfig(**_tiny_shape(tok), mlp_bias=True)
+    shape = {**_tiny_shape(tok), "num_attention_heads": heads, "num_key_value_heads": heads}
+    config = LlamaConfig(**shape, mlp_bias=True)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)

@@ -29,8 +29,6 @@ CASES: list[Case] = [
      "rollout.engine=vllm runs under placement.backend=local only", VLLM),
     ("vllm_samples_in_step", [*VLLM, "placement.backend=ray", "rl.off_policy_lag=1"],
      "rollout.engine=vllm samples in the sequential loop only (got rl.off_policy_lag=1)", VLLM),
-    ("vllm_serves_grpo", [*VLLM, *OPD], "rollout.engine=vllm is built for the GRPO entry, not "
-     "job.algorithm=opd", VLLM),
     ("vllm_without_is_correction", [*VLLM, "rl.rollout_is_cap=0"],
      "rl.rollout_is_cap=0 with rollout.engine=vllm", VLLM),
 ]  # fmt: skip
@@ -90,9 +88,15 @@ def test_without_the_environment_the_run_is_one_line_naming_the_install(monkeypa
     assert run_preflight(cfg([])) == []  # the torch engine does not need it
 
 
-def test_an_environment_is_refused_as_the_engine_is_single_turn(vllm_env):
-    with pytest.raises(PreflightError, match=r"env.name=calculator needs rollout.engine=torch"):
-        run_preflight(cfg([*VLLM, "env.name=calculator"]))
+def test_an_environment_and_opd_compose_with_the_engine(vllm_env):
+    """vLLM declares multi-turn and serves OPD (tests/test_vllm_engine.py runs both); an engine
+    that does not declare multi-turn is still refused, with vLLM among the engines named."""
+    assert run_preflight(cfg([*VLLM, "env.name=calculator"])) == []
+    assert run_preflight(cfg([*VLLM, *OPD])) == []
+    with pytest.raises(
+        PreflightError, match=r"env.name=calculator needs rollout.engine=torch\|vllm"
+    ):
+        run_preflight(cfg(["rollout.engine=static", "env.name=calculator"]))
 
 
 def test_a_policy_only_entry_refuses_the_vllm_section():

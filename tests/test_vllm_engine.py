@@ -26,11 +26,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from multiturn_fixtures import build_tools_model
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from posttrain.config import load_config
 from posttrain.data.logprobs import response_logprobs
-from posttrain.entrypoints import grpo
+from posttrain.entrypoints import grpo, opd
+from posttrain.env.episode import TurnRequest
 from posttrain.model.loading import load_policy
 from posttrain.model.lora import apply_lora
 from posttrain.model.presets import preset_config
@@ -40,6 +42,7 @@ from posttrain.placement.errors import RoleFailedError
 from posttrain.placement.weight_sync import WeightSink, WeightSource
 from posttrain.rollout.vllm_engine import VllmOptions, VllmRolloutEngine
 from posttrain.rollout.vllm_process import missing_vllm_message, vllm_python
+from posttrain.run.records import default_out_dir
 
 #: vLLM's float32 processed log-probs vs the trainer's float32 forward, any sampled token: 10x
 #: the largest gap measured on this model (4.8e-7, mean 1.2e-7 over 207 tokens at T=0.7; the
@@ -254,6 +257,59 @@ def test_an_incomplete_sync_is_refused_in_one_line(engine, folders):
         receiver.end()
 
 
+def _trainer_logprobs(model, ids: list[int], start: int, stop: int, temperature: float):
+    """The trainer's float32 log-probs of ``ids[start:stop]`` given everything before them."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    lp = torch.log_softmax(logits / temperature, -1)
+    return torch.tensor([float(lp[i - 1, ids[i]]) for i in range(start, stop)])
+
+
+def _two_turns(engine, seed: int) -> list[tuple[list[int], list[list[int]], list[list[float]]]]:
+    """Two turns of three trajectories (the 140-token prompt among them): the second turn's
+    context is the first's plus its sampled ids and an observation, as an episode builds it."""
+    prompts, obs = [LONG, PROMPTS[0], PROMPTS[1]], [12, 9, 14]
+    first = [TurnRequest(k, list(p), list(p), 12) for k, p in enumerate(prompts)]
+    one = engine.generate_turns(first, temperature=0.7, top_p=1.0, seed=seed)
+    second = [TurnRequest(r.key, list(obs), [*r.context, *ids, *obs], 12)
+              for r, (ids, _) in zip(first, one, strict=True)]  # fmt: skip
+    two = engine.generate_turns(second, temperature=0.7, top_p=1.0, seed=seed)
+    engine.end_turns()
+    return [
+        (r.context, [a[0], b[0]], [a[1], b[1]]) for r, a, b in zip(second, one, two, strict=True)
+    ]
+
+
+def test_multi_turn_contexts_go_in_as_ids_and_agree_with_the_trainers_forward(engine, folders):
+    """Every sampled token of both turns is scored by the trainer's forward over the whole
+    trajectory within the bound (turn 2 of the long prompt can read its first block from vLLM's
+    prefix cache); the same seed gives the same trajectories, another seed others."""
+    model, _ = load_policy(folders[0])
+    runs = _two_turns(engine, seed=5)
+    assert runs == _two_turns(engine, seed=5)
+    assert [r[1] for r in runs] != [r[1] for r in _two_turns(engine, seed=6)]
+    worst = 0.0
+    for context, (ids1, ids2), (lps1, lps2) in runs:
+        whole = [*context, *ids2]
+        for ids, lps, start in ((ids1, lps1, len(context) - 3 - len(ids1)),
+                                (ids2, lps2, len(context))):  # fmt: skip
+            assert ids and len(lps) == len(ids) <= 12
+            assert all(t not in engine.stop_token_ids for t in ids[:-1])
+            trainer = _trainer_logprobs(model, whole, start, start + len(ids), 0.7)
+            worst = max(worst, float((trainer - torch.tensor(lps)).abs().max()))
+    print(f"vLLM multi-turn vs trainer at T=0.7: max {worst:.2e}")
+    assert worst <= LOGPROB_BOUND
+
+
+def test_a_turn_past_the_model_length_is_one_line(engine):
+    long = [1, *([5, 6, 12, 7] * 46)]  # 185 tokens + 12 > 192
+    with pytest.raises(ValueError) as info:
+        engine.generate_turns([TurnRequest(0, long, long, 12)], temperature=0.7, top_p=1.0, seed=0)
+    text = str(info.value)
+    assert "\n" not in text and "trajectory 0 holds 185 tokens and may add 12" in text
+    assert "lower env.max_context" in text
+
+
 def test_a_vllm_process_that_dies_is_one_line_naming_the_engine(engine):
     """The module engine's last test: its process is killed, the next call says so."""
     os.killpg(engine.process.proc.pid, signal.SIGKILL)
@@ -319,3 +375,34 @@ def test_a_head_size_vllms_cpu_attention_does_not_take_is_one_line(tmp_path):
     text = str(info.value)
     assert "\n" not in text and text.startswith("rollout.engine=vllm: start failed in vLLM: ")
     assert "the model's attention head size is 8, which vLLM's CPU attention does not take" in text
+
+
+def test_opd_samples_multi_turn_trajectories_with_vllm(tmp_path):
+    """OPD (a teacher scoring the student's samples) on a multi-turn environment, sampling with
+    the engine: each turn's ids go to vLLM as the trajectory's ids, and the trainer's forward of
+    the whole trajectories agrees with vLLM's log-probs within the bound every step."""
+    student = build_tools_model(tmp_path / "student", heads=1)
+    teacher = build_tools_model(tmp_path / "teacher", seed=1, heads=1)
+    opts = {
+        "job.output_root": str(tmp_path / "out"), "model.name_or_path": str(student),
+        "teacher.name_or_path": str(teacher), "rollout.engine": "vllm",
+        "rollout.dtype": "float32", "data.train_size": 16, "data.val_size": 4,
+        "data.prompts_per_step": 2, "rollout.n": 4, "rollout.max_tokens": 6, "rl.max_steps": 2,
+        "rl.save_every": 2, "rl.eval_every": 2, "rl.micro_batch_size": 8,
+        "logging.progress": False, "env.name": "multiturn_fixtures:chatty", "env.max_turns": 3,
+        "env.max_context": 120,
+    }  # fmt: skip
+    opts = [f"{k}={v}" for k, v in opts.items()]
+    config = load_config("opd_arithmetic", ["--", *opts])
+    assert config.rl.rollout_is_cap == 2.0
+    before = _vllm_children()
+    summary = opd.run(config, "opd_arithmetic", opts, default_out_dir(config))
+    assert _vllm_children() == before
+    rows = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").open()]
+    steps = [r for r in rows if "train/opd/reverse_kl" in r]
+    assert len(steps) == 2
+    assert all(r["train/env/turns_mean"] > 1 and r["train/env/env_tokens_mean"] > 0 for r in steps)
+    worst = [r["train/rollout/logprob_abs_diff_max"] for r in steps]
+    print(f"OPD multi-turn with vLLM: logprob_abs_diff_max {worst}")
+    assert all(0 <= w <= LOGPROB_BOUND for w in worst)
+    assert "val/env/turns_mean" in rows[-1]

@@ -1,17 +1,17 @@
 """Preflight for ``rollout.engine=vllm``: its environment, its section, and what it does not
 compose with yet (each refused in one line rather than half-supported).
 
-The engine is single-turn (its capabilities say so; ``control/external.py`` refuses an
-environment), samples in a process of its own under local placement, and takes full weights
-after every update (a LoRA policy's merged ones). Ray placement, a lag and the non-GRPO online
-entries are not built for it; the ``vllm`` section is read only with it.
+The engine samples single- and multi-turn rollouts for the online entries (GRPO, OPD) in a
+process of its own under local placement, and takes full weights after every update (a LoRA
+policy's merged ones). Ray placement and a lag are not built for it; the ``vllm`` section is
+read only with it.
 """
 
 from __future__ import annotations
 
 from posttrain.config.schema import PosttrainConfig
 from posttrain.control.reads import reads_or_none
-from posttrain.control.rules import are, changed, error, objective_family, warning
+from posttrain.control.rules import are, changed, error, warning
 
 _KNOBS = ("kv_cache_space_gib", "max_model_len", "enforce_eager", "enable_prefix_caching")
 
@@ -68,18 +68,6 @@ def vllm_samples_in_step(cfg: PosttrainConfig) -> str | None:
     )
 
 
-@error("rollout.engine", "job.algorithm")
-def vllm_serves_grpo(cfg: PosttrainConfig) -> str | None:
-    """The engine is tested with the GRPO entry; OPD (a teacher scoring vLLM's samples) is not
-    yet, so it is refused rather than claimed."""
-    if not _on(cfg) or objective_family(cfg) == "grpo":
-        return None
-    return (
-        f"rollout.engine=vllm is built for the GRPO entry, not job.algorithm="
-        f"{cfg.job.algorithm}; use rollout.engine=torch"
-    )
-
-
 @warning("rollout.engine", "rl.rollout_is_cap")
 def vllm_without_is_correction(cfg: PosttrainConfig) -> str | None:
     """vLLM samples with other kernels (and maybe bf16) than the trainer's forward that scores
@@ -102,6 +90,5 @@ RULES = (
     vllm_environment_exists,
     vllm_runs_under_local_placement,
     vllm_samples_in_step,
-    vllm_serves_grpo,
     vllm_without_is_correction,
 )

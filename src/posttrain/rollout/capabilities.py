@@ -32,5 +32,5 @@ class EngineCapabilities:
 TORCH = EngineCapabilities(multi_turn=True, logprobs="processed")
 STATIC = EngineCapabilities(multi_turn=False, logprobs="processed")
 VLLM = EngineCapabilities(
-    multi_turn=False, logprobs="processed", in_process=False, adapter_sync=False
+    multi_turn=True, logprobs="processed", in_process=False, adapter_sync=False
 )

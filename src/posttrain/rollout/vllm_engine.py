@@ -18,8 +18,9 @@ interface as the torch engine:
   RAM folder (``/dev/shm``) and, at the end, asks vLLM to ``reload_weights`` from it, then packs
   the tied ``lm_head`` again and drops the prefix cache: without those two steps vLLM on the CPU
   keeps sampling with the startup ``lm_head`` and with KV computed from the old weights.
-- What it does not do is refused: multi-turn continuation (no ``generate_turns``), sharing the
-  policy module.
+- **Multi-turn**: each turn is a request of the trajectory's whole context as ids; vLLM's
+  prefix cache stands in for the torch engine's per-trajectory KV continuation.
+- It never shares the policy module (it holds its own copy in another process).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -44,6 +46,9 @@ from posttrain.rollout.base import (
 from posttrain.rollout.capabilities import VLLM
 from posttrain.rollout.sampling import check_sampling_args
 from posttrain.rollout.vllm_process import NAME, VllmProcess
+
+if TYPE_CHECKING:
+    from posttrain.env.episode import TurnRequest
 
 #: Seeds vLLM takes per request (a signed 64-bit range is safe for its torch generators).
 _SEED_RANGE = 2**62
@@ -205,6 +210,7 @@ class VllmRolloutEngine:
         self.max_model_len = int(self.process.ready["max_model_len"])
         self.vocab_size = int(self.process.ready["vocab_size"])
         self._receiver = VllmWeights(self)
+        self._turn_seeds: torch.Generator | None = None
 
     @staticmethod
     def _save(model: nn.Module, folder: Path) -> None:
@@ -251,25 +257,48 @@ class VllmRolloutEngine:
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(seed)
         seeds = torch.randint(0, _SEED_RANGE, (rows,), generator=generator).tolist()
-        greedy = temperature == 0
-        params = [
-            {
-                "temperature": float(temperature),
-                "top_p": 1.0 if greedy else float(top_p),
-                "max_tokens": max_tokens,
-                "seed": int(s),
-                "stop_token_ids": self.stop_token_ids,
-            }  # fmt: skip
-            for s in seeds
-        ]
         expanded = [p for p in prompts for _ in range(n)]
-        out = self.process.call("generate", prompts=expanded, params=params)["rows"]
+        out = self._sample(expanded, [max_tokens] * rows, seeds, temperature, top_p)
         width = max(len(ids) for ids, _, _ in out)
         tokens = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
         logprobs = torch.zeros((rows, width), dtype=torch.float32)
         lengths = torch.zeros(rows, dtype=torch.long)
         stopped = torch.zeros(rows, dtype=torch.bool)
+        for b, (ids, lps, ended) in enumerate(out):
+            tokens[b, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            logprobs[b, : len(ids)] = torch.as_tensor(lps, dtype=torch.float32)
+            lengths[b], stopped[b] = len(ids), ended
+        return assemble_rollout(
+            prompts, n, tokens, logprobs, lengths, stopped, pad_token_id=self.pad_token_id,
+            tokenizer=self.tokenizer, group_ids=group_ids, group_id_offset=group_id_offset,
+            sample_id_offset=sample_id_offset,
+        )  # fmt: skip
+
+    def _sample(
+        self,
+        prompts: Sequence[list[int]],
+        max_tokens: Sequence[int],
+        seeds: Sequence[int],
+        temperature: float,
+        top_p: float,
+    ) -> list[tuple[list[int], list[float], bool]]:
+        """One vLLM request per row (its prompt ids, token budget and seed): per row the sampled
+        ids, their processed log-probs (0 under greedy decoding) and whether it ended at a stop
+        id; a finish vLLM was not asked for is one line."""
+        greedy = temperature == 0
+        params = [
+            {
+                "temperature": float(temperature),
+                "top_p": 1.0 if greedy else float(top_p),
+                "max_tokens": int(m),
+                "seed": int(s),
+                "stop_token_ids": self.stop_token_ids,
+            }  # fmt: skip
+            for m, s in zip(max_tokens, seeds, strict=True)
+        ]
+        out = self.process.call("generate", prompts=list(prompts), params=params)["rows"]
         stops = set(self.stop_token_ids)
+        rows = []
         for b, (ids, lps, reason) in enumerate(out):
             ended = bool(ids) and ids[-1] in stops
             if reason not in ("stop", "length") or (reason == "stop") != ended:
@@ -278,22 +307,42 @@ class VllmRolloutEngine:
                     f"{ids[-3:]} (stop ids {sorted(stops)}); vLLM stopped for a reason the "
                     "engine did not ask for"
                 )
-            tokens[b, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-            if not greedy:
-                logprobs[b, : len(ids)] = torch.as_tensor(lps, dtype=torch.float32)
-            lengths[b], stopped[b] = len(ids), ended
-        return assemble_rollout(
-            prompts, n, tokens, logprobs, lengths, stopped, pad_token_id=self.pad_token_id,
-            tokenizer=self.tokenizer, group_ids=group_ids, group_id_offset=group_id_offset,
-            sample_id_offset=sample_id_offset,
-        )  # fmt: skip
+            rows.append((list(ids), [0.0] * len(ids) if greedy else list(lps), ended))
+        return rows
 
-    def generate_turns(self, requests, *, temperature: float, top_p: float, seed: int):
-        """Refused: this engine has no multi-turn continuation."""
-        raise ValueError(f"{NAME} has no multi-turn continuation; use rollout.engine=torch")
+    def generate_turns(
+        self, requests: Sequence[TurnRequest], *, temperature: float, top_p: float, seed: int
+    ) -> list[tuple[list[int], list[float]]]:
+        """One turn per request of a multi-turn rollout (see ``RolloutEngine.generate_turns``).
+
+        Each request's whole context (prompt, earlier turns, observations: the trajectory's
+        exact ids) goes in as token ids, so nothing is re-tokenised between turns; vLLM's prefix
+        cache finds the KV an earlier turn computed (in whole KV blocks: 128 tokens on the CPU)
+        and prefills only the rest. Row seeds are drawn from a generator opened with ``seed``
+        when every request is a first turn: the same seed, requests and weights give the same
+        trajectories. An empty list ends the session."""
+        if not requests:
+            self.end_turns()
+            return []
+        check_sampling_args(temperature, top_p)
+        if self._turn_seeds is None or all(len(r.context) == len(r.new_ids) for r in requests):
+            self._turn_seeds = torch.Generator().manual_seed(int(seed))
+        for r in requests:
+            if len(r.context) + r.max_new_tokens > self.max_model_len:
+                raise ValueError(
+                    f"{NAME}: trajectory {r.key} holds {len(r.context)} tokens and may add "
+                    f"{r.max_new_tokens}, past vLLM's max model length {self.max_model_len}; "
+                    "lower env.max_context to at most vllm.max_model_len"
+                )
+        seeds = torch.randint(0, _SEED_RANGE, (len(requests),), generator=self._turn_seeds)
+        contexts = [[int(t) for t in r.context] for r in requests]
+        budgets = [r.max_new_tokens for r in requests]
+        out = self._sample(contexts, budgets, seeds.tolist(), temperature, top_p)
+        return [(ids, lps) for ids, lps, _ in out]
 
     def end_turns(self) -> None:
-        """Nothing to free (no turn sessions)."""
+        """The multi-turn rollout is over (the next turns open a new seed stream)."""
+        self._turn_seeds = None
 
     def close(self) -> None:
         """End the vLLM process (and its engine-core processes) and remove its work folder."""
