@@ -25,10 +25,6 @@ CASES: list[Case] = [
     ("vllm_section_needs_the_engine", ["vllm.kv_cache_space_gib=4.0"],
      "vllm.kv_cache_space_gib=4.0 is read only with rollout.engine=vllm (got rollout.engine=torch)",
      [*VLLM, "vllm.kv_cache_space_gib=4.0"]),
-    ("vllm_runs_under_local_placement", [*VLLM, "placement.backend=ray"],
-     "rollout.engine=vllm runs under placement.backend=local only", VLLM),
-    ("vllm_samples_in_step", [*VLLM, "placement.backend=ray", "rl.off_policy_lag=1"],
-     "rollout.engine=vllm samples in the sequential loop only (got rl.off_policy_lag=1)", VLLM),
     ("vllm_without_is_correction", [*VLLM, "rl.rollout_is_cap=0"],
      "rl.rollout_is_cap=0 with rollout.engine=vllm", VLLM),
 ]  # fmt: skip
@@ -88,11 +84,13 @@ def test_without_the_environment_the_run_is_one_line_naming_the_install(monkeypa
     assert run_preflight(cfg([])) == []  # the torch engine does not need it
 
 
-def test_an_environment_and_opd_compose_with_the_engine(vllm_env):
-    """vLLM declares multi-turn and serves OPD (tests/test_vllm_engine.py runs both); an engine
+def test_environments_opd_ray_and_a_lag_compose_with_the_engine(vllm_env):
+    """vLLM declares multi-turn and serves OPD (tests/test_vllm_engine.py runs both) and a Ray
+    rollout actor under a lag (tests/test_vllm_ray.py); an engine
     that does not declare multi-turn is still refused, with vLLM among the engines named."""
     assert run_preflight(cfg([*VLLM, "env.name=calculator"])) == []
     assert run_preflight(cfg([*VLLM, *OPD])) == []
+    assert run_preflight(cfg([*VLLM, "placement.backend=ray", "rl.off_policy_lag=1"])) == []
     with pytest.raises(
         PreflightError, match=r"env.name=calculator needs rollout.engine=torch\|vllm"
     ):

@@ -257,8 +257,8 @@ class RolloutConfig(Section):
         "host syncs, captured as CUDA graphs on a GPU (Llama-family models only; eager on CPU). "
         "`vllm`: vLLM in its own process and environment (`make install-vllm`; settings in the "
         "`vllm` section), full weights reloaded after every update (a LoRA policy's merged "
-        "ones); single- and multi-turn, GRPO and OPD, local placement, no lag "
-        "(docs/guides/vllm.md).",
+        "ones); multi-turn environments and OPD (tested under local placement), Ray placement and "
+        "a lag (tested with single-turn GRPO): docs/guides/vllm.md.",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",

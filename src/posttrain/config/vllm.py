@@ -30,7 +30,8 @@ class VllmConfig(Section):
         None,
         gt=0,
         description="Longest prompt plus response vLLM plans for (its `max_model_len`); null: the "
-        "model's own context length. A prompt plus `rollout.max_tokens` above it is refused.",
+        "model's own context length. A prompt plus `rollout.max_tokens` above it is refused, and "
+        "so is a multi-turn trajectory's turn that would pass it (keep `env.max_context` below).",
     )
     enforce_eager: bool = Field(
         True,
@@ -41,7 +42,9 @@ class VllmConfig(Section):
     enable_prefix_caching: bool = Field(
         True,
         description="vLLM's prefix cache: the n samples of a prompt (one request each) share its "
-        "prefill. Dropped after every weight sync, so no KV of old weights is reused.",
+        "prefill, and a multi-turn trajectory's next turn reuses the KV blocks of its earlier "
+        "ones (without it every turn prefills the whole trajectory again). Dropped after every "
+        "weight sync, so no KV of old weights is reused.",
     )
 
     @field_validator("kv_cache_space_gib")

@@ -89,8 +89,8 @@ def chat_template_available(cfg: PosttrainConfig) -> str | None:
 def environment_loads(cfg: PosttrainConfig) -> str | None:
     """env.name imports (working directory first) and builds an environment with reset and step;
     env.tools is given exactly when env.name=tools; multi-turn sampling needs an engine that
-    declares multi-turn (it continues each trajectory from its KV cache); the overlong ramp has
-    no trajectory bound to ramp to."""
+    declares multi-turn (it continues each trajectory from its KV cache or prefix cache); the
+    overlong ramp has no trajectory bound to ramp to."""
     env = cfg.env
     if env.name and cfg.reward.overlong_buffer:
         return (

@@ -1,10 +1,9 @@
-"""Preflight for ``rollout.engine=vllm``: its environment, its section, and what it does not
-compose with yet (each refused in one line rather than half-supported).
+"""Preflight for ``rollout.engine=vllm``: its environment, its section, and the sampler gap.
 
 The engine samples single- and multi-turn rollouts for the online entries (GRPO, OPD) in a
-process of its own under local placement, and takes full weights after every update (a LoRA
-policy's merged ones). Ray placement and a lag are not built for it; the ``vllm`` section is
-read only with it.
+process of its own, started by the rollout role wherever the role runs (in the driver, or in
+its Ray actor, also on the data side of a lag), and takes full weights after every update (a
+LoRA policy's merged ones). The ``vllm`` section is read only with it.
 """
 
 from __future__ import annotations
@@ -43,31 +42,6 @@ def vllm_environment_exists(cfg: PosttrainConfig) -> str | None:
     return missing_vllm_message() if vllm_python() is None else None
 
 
-@error("rollout.engine", "placement.backend")
-def vllm_runs_under_local_placement(cfg: PosttrainConfig) -> str | None:
-    """The vLLM process is started by the rollout role of a local run; a Ray rollout actor
-    starting it (with its placement group and its CPUs) is not built."""
-    if not _on(cfg) or cfg.placement.backend == "local":
-        return None
-    return (
-        f"rollout.engine=vllm runs under placement.backend=local only (got "
-        f"placement.backend={cfg.placement.backend}); set placement.backend=local or "
-        "rollout.engine=torch"
-    )
-
-
-@error("rollout.engine", "rl.off_policy_lag")
-def vllm_samples_in_step(cfg: PosttrainConfig) -> str | None:
-    """A lag samples on Ray while the policy trains; the vLLM engine runs in the sequential
-    local loop only."""
-    if not _on(cfg) or not cfg.rl.off_policy_lag:
-        return None
-    return (
-        f"rollout.engine=vllm samples in the sequential loop only (got rl.off_policy_lag="
-        f"{cfg.rl.off_policy_lag}); set rl.off_policy_lag=0 or rollout.engine=torch"
-    )
-
-
 @warning("rollout.engine", "rl.rollout_is_cap")
 def vllm_without_is_correction(cfg: PosttrainConfig) -> str | None:
     """vLLM samples with other kernels (and maybe bf16) than the trainer's forward that scores
@@ -88,7 +62,5 @@ def vllm_without_is_correction(cfg: PosttrainConfig) -> str | None:
 RULES = (
     vllm_section_needs_the_engine,
     vllm_environment_exists,
-    vllm_runs_under_local_placement,
-    vllm_samples_in_step,
     vllm_without_is_correction,
 )

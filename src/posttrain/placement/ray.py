@@ -95,6 +95,10 @@ class RayPolicy:
         return self._all("save", [(step, data_state)] * len(self.names))[0]
 
 
+#: How long closing waits for the roles to end their own processes before the actors are killed.
+_CLOSE_S = 30.0
+
+
 @dataclass
 class RayRoles:
     """The roles of a run placed as Ray actors (same interface as ``LocalRoles``)."""
@@ -143,10 +147,19 @@ class RayRoles:
         return version
 
     def close(self) -> None:
-        try:  # the tools' processes first: ray.kill ends the actor without its atexit
-            self.reward.close_tools()
-        except Exception as e:  # the reward actor is gone already (a failed run): nothing to end
-            log.debug("closing the reward role's tools: %s", e)
+        # The roles' own processes first (the reward's tools, the rollout's vLLM engine):
+        # ray.kill ends an actor without its atexit, and a child in a session of its own
+        # outlives it. Bounded, so a hung role cannot hold the exit (its vLLM worker also ends
+        # its group once the killed actor's connection drops).
+        calls = [
+            self.actors.handles[name].call.remote(method)
+            for name, method in (("reward", "close_tools"), ("rollout", "close"))
+            if name in self.actors.handles
+        ]
+        try:
+            ray.wait(calls, num_returns=len(calls), timeout=_CLOSE_S)
+        except Exception as e:  # the actors are gone already (a failed run): nothing to end
+            log.debug("closing the roles' processes: %s", e)
         release(self.actors, self.owns_ray)
 
 

@@ -199,6 +199,8 @@ class VllmRolloutEngine:
             }
             env = {
                 "VLLM_CACHE_ROOT": str(Path(workdir) / "cache"),
+                # vLLM's ZMQ socket files (default: /tmp, left behind by a killed engine)
+                "VLLM_RPC_BASE_PATH": workdir,
                 "TORCHINDUCTOR_CACHE_DIR": str(Path(workdir) / "inductor"),
             }
             self.process = VllmProcess(llm, env, workdir)
@@ -332,7 +334,7 @@ class VllmRolloutEngine:
                 raise ValueError(
                     f"{NAME}: trajectory {r.key} holds {len(r.context)} tokens and may add "
                     f"{r.max_new_tokens}, past vLLM's max model length {self.max_model_len}; "
-                    "lower env.max_context to at most vllm.max_model_len"
+                    "lower env.max_context to at most that, or raise vllm.max_model_len"
                 )
         seeds = torch.randint(0, _SEED_RANGE, (len(requests),), generator=self._turn_seeds)
         contexts = [[int(t) for t in r.context] for r in requests]

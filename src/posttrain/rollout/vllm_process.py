@@ -156,6 +156,13 @@ class VllmProcess:
         code = self.proc.poll()
         return f"{NAME}: the vLLM process exited with status {code} during {op}; {self._log()}"
 
+    def _pending(self) -> dict[str, Any] | None:
+        """A reply the child sent before it exited (a start refused, then the exit), if any."""
+        try:
+            return self.conn.recv() if self.conn.poll(0) else None
+        except (EOFError, OSError):
+            return None
+
     def _reply(self, op: str, timeout: float | None = None) -> dict[str, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -167,6 +174,9 @@ class VllmProcess:
                 self.proc.wait(timeout=30)
                 raise RoleFailedError(self._died(op)) from None
             if self.proc.poll() is not None:
+                reply = self._pending()
+                if reply is not None:
+                    break
                 raise RoleFailedError(self._died(op))
             if deadline is not None and time.monotonic() > deadline:
                 raise RoleFailedError(f"{NAME}: no reply to {op} in {timeout:.0f} s; {self._log()}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -144,7 +145,40 @@ def unsupported_head_size(model_dir: str) -> str | None:
     )
 
 
+def _end_group() -> None:
+    """End vLLM's engine-core processes before this one exits. The driver starts this process as
+    the leader of a session of its own and vLLM's children join its group; a driver that
+    vanished (a Ray actor killed, a SIGKILL) never ends that group, and vLLM's own shutdown at
+    exit was seen to leave its engine core running. Only a group this process leads is ended,
+    and not this process itself: its exit status and any traceback stay what they were."""
+    me = os.getpid()
+    if os.getpgid(0) != me:
+        return
+    for stat in os.listdir("/proc"):
+        if not stat.isdigit() or int(stat) == me:
+            continue
+        try:
+            with open(f"/proc/{stat}/stat") as f:
+                group = int(f.read().rsplit(")", 1)[1].split()[2])
+            if group == me:
+                os.kill(int(stat), signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            continue
+
+
 def main() -> None:
+    try:
+        _main()
+    except BaseException:
+        traceback.print_exc()  # the log's last line is what the driver quotes
+        raise
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _end_group()
+
+
+def _main() -> None:
     host, port = os.environ["POSTTRAIN_VLLM_ADDRESS"].rsplit(":", 1)
     authkey = bytes.fromhex(sys.stdin.readline().strip())
     conn = Client((host, int(port)), authkey=authkey)
