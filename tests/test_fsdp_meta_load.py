@@ -60,6 +60,21 @@ def test_a_skeleton_reads_no_weights(tmp_path):
     assert all(p.is_meta for p in model.parameters()) and tok.pad_token_id is not None
 
 
+def test_a_skeleton_stops_where_the_loaded_model_stops(tmp_path):
+    """A generation config's EOS ids beyond config.json's (Qwen2.5-Instruct lists two) are stop
+    ids: the vLLM engine takes them from a skeleton, the torch engine from the loaded model."""
+    from transformers import GenerationConfig
+
+    from posttrain.rollout.base import stop_and_pad_ids
+
+    tiny = build_tiny_model("tiny", tmp_path / "tiny", seed=0)
+    GenerationConfig(eos_token_id=[2, 7], pad_token_id=0).save_pretrained(tiny)
+    loaded, tok = load_policy(tiny)
+    skeleton, _ = load_policy(tiny, skeleton=True)
+    stops = stop_and_pad_ids(loaded, tok)
+    assert 7 in stops[0] and stop_and_pad_ids(skeleton, tok) == stops
+
+
 def test_an_unsharded_skeleton_is_refused(tmp_path):
     from posttrain.config import PosttrainConfig
     from posttrain.config.build import build_objective, objective_context

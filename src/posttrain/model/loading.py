@@ -120,6 +120,10 @@ def _skeleton(path: Path, dtype: torch.dtype) -> PreTrainedModel:
             f"model folder {str(path)!r}: its config.json does not build a model "
             f"({type(e).__name__}: {first[:200]})"
         ) from e
+    if (path / "generation_config.json").is_file():  # as from_pretrained reads it: its EOS ids
+        from transformers import GenerationConfig  # are stop ids (rollout.base.stop_and_pad_ids)
+
+        model.generation_config = GenerationConfig.from_pretrained(path, local_files_only=True)
     return model.eval()
 
 
