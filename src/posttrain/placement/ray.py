@@ -157,7 +157,8 @@ class RayRoles:
             if name in self.actors.handles
         ]
         try:
-            ray.wait(calls, num_returns=len(calls), timeout=_CLOSE_S)
+            if calls:
+                ray.wait(calls, num_returns=len(calls), timeout=_CLOSE_S)
         except Exception as e:  # the actors are gone already (a failed run): nothing to end
             log.debug("closing the roles' processes: %s", e)
         release(self.actors, self.owns_ray)
