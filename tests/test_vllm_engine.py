@@ -346,8 +346,9 @@ def test_a_vllm_process_whose_driver_vanishes_ends_its_group_and_is_one_line(eng
     assert "during generate" in text and "\n" not in text
 
 
-def _vllm_children() -> set[int]:
-    """This process's children that run the vLLM worker module."""
+def vllm_processes(parent: int) -> set[int]:
+    """Live processes whose parent is ``parent`` and that run the vLLM worker module or vLLM's
+    own (``VLLM::EngineCore``, ...); zombies have no command line and do not count."""
     found = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -355,9 +356,14 @@ def _vllm_children() -> set[int]:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == os.getpid() and b"posttrain_vllm_worker" in cmdline:
+        if ppid == parent and (b"posttrain_vllm_worker" in cmdline or b"VLLM::" in cmdline):
             found.add(int(stat.parent.name))
     return found
+
+
+def _vllm_children() -> set[int]:
+    """This process's children that run vLLM (the worker module)."""
+    return vllm_processes(os.getpid())
 
 
 def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, folders):

@@ -19,7 +19,12 @@ import pytest
 
 pytest.importorskip("ray")
 
-from test_vllm_engine import LOGPROB_BOUND, _need_vllm, build_model_dir  # noqa: E402
+from test_vllm_engine import (  # noqa: E402
+    LOGPROB_BOUND,
+    _need_vllm,
+    build_model_dir,
+    vllm_processes,
+)
 
 from posttrain.config import load_config  # noqa: E402
 from posttrain.entrypoints import grpo  # noqa: E402
@@ -29,17 +34,8 @@ from posttrain.model.loading import load_policy  # noqa: E402
 def _orphaned_vllm() -> set[int]:
     """vLLM processes whose parent is gone (re-parented to init; no subreaper is set here): a
     rollout actor ended by ray.kill left its vLLM worker's group behind before the run closed
-    the role first. Zombies have no command line and do not count."""
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == 1 and (b"VLLM::" in cmdline or b"posttrain_vllm_worker" in cmdline):
-            found.add(int(stat.parent.name))
-    return found
+    the role first."""
+    return vllm_processes(1)
 
 
 def test_a_lagged_ray_run_samples_with_vllm_on_the_data_side(tmp_path, ray_cluster):
