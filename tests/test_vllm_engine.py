@@ -313,18 +313,22 @@ def test_a_turn_past_the_model_length_is_one_line(engine):
     assert "lower env.max_context to at most that, or raise vllm.max_model_len" in text
 
 
+def _processes():
+    """``(pid, state, ppid, process group, command line)`` of every process in /proc (a zombie's
+    command line is empty)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        yield int(stat.parent.name), state, int(ppid), int(group), cmdline
+
+
 def _live_in_group(group: int) -> list[int]:
     """Processes of process group ``group`` that are not zombies (an exited process nobody
     reaped still counts for ``killpg``; where init does not reap, orphans stay zombies)."""
-    live = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            live.append(int(stat.parent.name))
-    return live
+    return [pid for pid, state, _, g, _ in _processes() if g == group and state != "Z"]
 
 
 def test_a_vllm_process_whose_driver_vanishes_ends_its_group_and_is_one_line(engine):
@@ -349,21 +353,10 @@ def test_a_vllm_process_whose_driver_vanishes_ends_its_group_and_is_one_line(eng
 def vllm_processes(parent: int) -> set[int]:
     """Live processes whose parent is ``parent`` and that run the vLLM worker module or vLLM's
     own (``VLLM::EngineCore``, ...); zombies have no command line and do not count."""
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and (b"posttrain_vllm_worker" in cmdline or b"VLLM::" in cmdline):
-            found.add(int(stat.parent.name))
-    return found
-
-
-def _vllm_children() -> set[int]:
-    """This process's children that run vLLM (the worker module)."""
-    return vllm_processes(os.getpid())
+    return {
+        pid for pid, _, ppid, _, cmd in _processes()
+        if ppid == parent and (b"posttrain_vllm_worker" in cmd or b"VLLM::" in cmd)
+    }  # fmt: skip
 
 
 def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, folders):
@@ -379,9 +372,9 @@ def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, fo
     ]  # fmt: skip
     config = load_config("arithmetic", ["--", *opts])
     assert config.rl.rollout_is_cap == 2.0  # the correction is on by default with this engine
-    before = _vllm_children()
+    before = vllm_processes(os.getpid())
     summary = grpo.run(config, "arithmetic", opts, grpo.default_out_dir(config))
-    assert _vllm_children() == before  # the run ended its vLLM process
+    assert vllm_processes(os.getpid()) == before  # the run ended its vLLM process
     rows = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").open()]
     steps = [r for r in rows if "train/loss" in r]
     assert len(steps) == 3
@@ -426,9 +419,9 @@ def test_opd_samples_multi_turn_trajectories_with_vllm(tmp_path):
     opts = [f"{k}={v}" for k, v in opts.items()]
     config = load_config("opd_arithmetic", ["--", *opts])
     assert config.rl.rollout_is_cap == 2.0
-    before = _vllm_children()
+    before = vllm_processes(os.getpid())
     summary = opd.run(config, "opd_arithmetic", opts, default_out_dir(config))
-    assert _vllm_children() == before
+    assert vllm_processes(os.getpid()) == before
     rows = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").open()]
     steps = [r for r in rows if "train/opd/reverse_kl" in r]
     assert len(steps) == 2
