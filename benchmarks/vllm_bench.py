@@ -4,6 +4,7 @@
     python benchmarks/vllm_bench.py --shape smollm2     # SmolLM2-135M's shape (random weights)
     python benchmarks/vllm_bench.py --dtype bfloat16    # both engines sample in bf16
     python benchmarks/vllm_bench.py --shape smollm2 --lora 16   # a LoRA policy's merged sync
+    python benchmarks/vllm_bench.py --shape smollm2 --lora 16 --lora-sync adapter  # adapters
     python benchmarks/vllm_bench.py --json vllm.json
 
 Random weights of a Llama shape (``small``: hidden 512, 8 layers, 8 heads of 64, vocab 99,
@@ -17,8 +18,11 @@ does after every update: every weight through ``WeightSource`` buckets of
 ``placement.sync_bucket_mb``'s default into the engine's receiver (safetensors in /dev/shm,
 ``reload_weights``, ``lm_head`` repack, prefix-cache reset); ``--lora R``: the policy is that
 model with rank-``R`` adapters on every linear layer (``B`` nonzero), and the sync sends its
-merged weights (``base + B @ A * scale``, the only kind vLLM reloads), with the adapters' own
-bytes beside them and the driver's peak RSS growth over the syncs. Needs ``.venv-vllm``
+merged weights (``base + B @ A * scale``, ``vllm.lora_sync=merged``), with the adapters' own
+bytes beside them and the driver's peak RSS growth over the syncs; ``--lora-sync adapter``
+sends the adapters alone into vLLM's LoRA path (``vllm.lora_sync=adapter``: each sync a new
+adapter version), and vLLM's rollout is then timed with the adapter loaded (its LoRA matmuls
+included; the merged engine samples a plain model). Needs ``.venv-vllm``
 (``make install-vllm``). Numbers depend on what else runs: alone on the machine they time.
 """
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -34,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+#: Every linear layer of a Llama block.
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SHAPES = {
     "small": dict(hidden=512, layers=8, heads=8, kv=8, ffn=1376, vocab=99),
     "smollm2": dict(hidden=576, layers=30, heads=9, kv=3, ffn=1536, vocab=49152),
@@ -51,8 +58,7 @@ def lora_policy(model, rank: int):
     (a policy some updates away from its base)."""
     from posttrain.model.lora import apply_lora
 
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    policy = apply_lora(copy.deepcopy(model), rank, 2.0 * rank, targets)
+    policy = apply_lora(copy.deepcopy(model), rank, 2.0 * rank, list(TARGETS))
     with torch.no_grad():
         for name, p in policy.named_parameters():
             if "lora_B" in name:
@@ -103,6 +109,7 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--sync-mb", type=float, default=256.0, help="bucket size of the sync")
     ap.add_argument("--lora", type=int, default=0, help="LoRA rank of the synced policy")
+    ap.add_argument("--lora-sync", choices=("merged", "adapter"), default="merged")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -122,18 +129,27 @@ def main() -> None:
         torch_engine = build_engine("torch", sampler, stop_token_ids=[], pad_token_id=0)
         seconds = timed(lambda: torch_engine.generate(prompts, **kw), args.repeats)
         out["torch_tok_s"] = tokens / seconds
+        adapters = bool(args.lora) and args.lora_sync == "adapter"
+        options = VllmOptions(dtype=args.dtype, kv_cache_space_gib=args.kv_gib)
+        if adapters:
+            options = dataclasses.replace(
+                options, lora_rank=args.lora, lora_alpha=2.0 * args.lora, lora_targets=TARGETS
+            )
         t0 = time.perf_counter()
         engine = build_engine(
             "vllm", model, None, stop_token_ids=[], pad_token_id=0, weights_from=folder,
-            options=VllmOptions(dtype=args.dtype, kv_cache_space_gib=args.kv_gib),
+            options=options,
         )  # fmt: skip
         out["vllm_load_s"] = time.perf_counter() - t0
         try:
+            policy = lora_policy(model, args.lora) if args.lora else model
+            source = WeightSource(policy, bucket_bytes(args.sync_mb), adapters=adapters)
+            sink = WeightSink(engine)
+            if adapters:  # sample with the adapter loaded
+                for k in range(len(source.buckets)):
+                    sink.receive(source.bucket(k), k == len(source.buckets) - 1)
             seconds = timed(lambda: engine.generate(prompts, **kw), args.repeats)
             out["vllm_tok_s"] = tokens / seconds
-            policy = lora_policy(model, args.lora) if args.lora else model
-            source = WeightSource(policy, bucket_bytes(args.sync_mb), adapters=False)
-            sink = WeightSink(engine)
             if args.lora:
                 out["adapter_mib"] = adapter_bytes(policy) / 2**20
             rss_before = _rss_kib("VmRSS")

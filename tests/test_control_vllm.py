@@ -19,6 +19,8 @@ from posttrain.placement.errors import RoleFailedError  # noqa: E402
 from posttrain.rollout import vllm_process  # noqa: E402
 
 VLLM = ["rollout.engine=vllm"]
+LORA = ["model.lora_rank=8"]
+ADAPTER = ["vllm.lora_sync=adapter"]
 REPO = Path(__file__).resolve().parents[1]
 
 CASES: list[Case] = [
@@ -27,6 +29,15 @@ CASES: list[Case] = [
      [*VLLM, "vllm.kv_cache_space_gib=4.0"]),
     ("vllm_without_is_correction", [*VLLM, "rl.rollout_is_cap=0"],
      "rl.rollout_is_cap=0 with rollout.engine=vllm", VLLM),
+    ("vllm_lora_sync_needs_lora", [*VLLM, *ADAPTER],
+     "vllm.lora_sync=adapter is read only with a LoRA policy (got model.lora_rank=0); set "
+     "model.lora_rank or remove vllm.lora_sync", [*VLLM, *LORA, *ADAPTER]),
+    ("vllm_lora_rank_fits", [*VLLM, "model.lora_rank=1024", *ADAPTER],
+     "model.lora_rank=1024 with vllm.lora_sync=adapter: vLLM's LoRA path takes ranks up to 512; "
+     "use vllm.lora_sync=merged", [*VLLM, "model.lora_rank=1024"]),
+    ("vllm_lora_runs_eager", [*VLLM, *LORA, *ADAPTER, "vllm.enforce_eager=false"],
+     "vllm.enforce_eager=false with vllm.lora_sync=adapter: vLLM's CPU build runs a model with "
+     "LoRA enabled eager", [*VLLM, *LORA, "vllm.enforce_eager=false"]),
 ]  # fmt: skip
 
 
@@ -134,3 +145,11 @@ def test_the_install_keeps_every_requirement_but_the_cuda_media_wheels():
         "regex", "transformers<5.20.0,>=5.16.1", 'torch==2.13.0+cpu; platform_machine == "x86_64"',
         "mistral_common[image]>=1.11.6",
     ]  # fmt: skip
+
+
+def test_a_lora_policy_sends_adapters_except_to_vllm_asked_for_merged_weights(vllm_env):
+    from posttrain.placement.roles import sends_adapters
+
+    assert sends_adapters(cfg(LORA))  # the torch engine merges them onto its base copy
+    assert not sends_adapters(cfg([*VLLM, *LORA]))  # merged full weights, the default
+    assert sends_adapters(cfg([*VLLM, *LORA, *ADAPTER]))  # vLLM's LoRA path

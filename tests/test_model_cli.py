@@ -32,7 +32,7 @@ def test_errors_are_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == (
         "posttrain: error: unknown tiny-model preset 'huge'; choose one of "
-        "['arith', 'arith_tools', 'small', 'tiny', 'tiny_tools']\n"
+        "['arith', 'arith_h32', 'arith_tools', 'small', 'tiny', 'tiny_tools']\n"
     )
 
 

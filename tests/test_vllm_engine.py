@@ -360,7 +360,8 @@ def vllm_processes(parent: int) -> set[int]:
 
 
 def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, folders):
-    """A LoRA policy (every sync its merged full weights: the only kind vLLM reloads)."""
+    """A LoRA policy with ``vllm.lora_sync=merged``, the default (every sync its merged full
+    weights; adapters alone are ``test_vllm_lora.py``'s)."""
     opts = [
         f"job.output_root={tmp_path / 'out'}", f"model.name_or_path={folders[0]}",
         "rollout.engine=vllm", "rollout.dtype=float32", "rl.grpo_surrogate=clipped",
@@ -371,6 +372,7 @@ def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, fo
         "rl.entropy_coef=0.1",  # a gradient whatever the rewards (all 0 for a random model)
     ]  # fmt: skip
     config = load_config("arithmetic", ["--", *opts])
+    assert config.vllm.lora_sync == "merged"  # the default
     assert config.rl.rollout_is_cap == 2.0  # the correction is on by default with this engine
     before = vllm_processes(os.getpid())
     summary = grpo.run(config, "arithmetic", opts, grpo.default_out_dir(config))

@@ -117,13 +117,16 @@ class ModelConfig(Section):
         description="torch.compile the micro-batch forward and log-prob (the first step of each "
         "new shape pays the compilation). Worth it on a GPU; on the CPU it rarely pays off.",
     )
-    init_preset: Literal["tiny", "small", "arith", "arith_tools", "tiny_tools"] | None = Field(
+    init_preset: (
+        Literal["tiny", "small", "arith", "arith_h32", "arith_tools", "tiny_tools"] | None
+    ) = Field(
         None,
         description="When set and `model.name_or_path` does not exist yet, the entry builds a "
         "randomly initialised Llama-family model of this preset (a Mistral for `arith_tools`: its "
         "layers attend to the last 10 tokens) with a char-level "
         "tokenizer there (seeded by `job.seed`; `arith_tools` and `tiny_tools` add the tool-call "
-        "markers and a chat template for multi-turn runs). Null: the directory must already exist.",
+        "markers and a chat template for multi-turn runs; `arith_h32` is `arith` with one head "
+        "of 32, which vLLM's CPU attention takes). Null: the directory must already exist.",
     )
 
     _check_alpha = field_validator("lora_alpha")(_finite)
@@ -256,8 +259,8 @@ class RolloutConfig(Section):
         "rows dropped (fastest on the CPU). `static`: fixed KV buffers and a decode step without "
         "host syncs, captured as CUDA graphs on a GPU (Llama-family models only; eager on CPU). "
         "`vllm`: vLLM in its own process and environment (`make install-vllm`; settings in the "
-        "`vllm` section), full weights reloaded after every update (a LoRA policy's merged "
-        "ones); multi-turn environments and OPD (tested under local placement), Ray placement and "
+        "`vllm` section), full weights reloaded after every update (a LoRA policy's adapters "
+        "through vLLM's LoRA path, or merged: `vllm.lora_sync`); multi-turn environments and OPD (tested under local placement), Ray placement and "
         "a lag (tested with single-turn GRPO): docs/guides/vllm.md.",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

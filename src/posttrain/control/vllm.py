@@ -2,8 +2,9 @@
 
 The engine samples single- and multi-turn rollouts for the online entries (GRPO, OPD) in a
 process of its own, started by the rollout role wherever the role runs (in the driver, or in
-its Ray actor, also on the data side of a lag), and takes full weights after every update (a
-LoRA policy's merged ones). The ``vllm`` section is read only with it.
+its Ray actor, also on the data side of a lag), and takes full weights after every update, or
+a LoRA policy's adapters through vLLM's LoRA path (``vllm.lora_sync``). The ``vllm`` section is
+read only with it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,11 @@ from posttrain.config.schema import PosttrainConfig
 from posttrain.control.reads import reads_or_none
 from posttrain.control.rules import are, changed, error, warning
 
-_KNOBS = ("kv_cache_space_gib", "max_model_len", "enforce_eager", "enable_prefix_caching")
+_KNOBS = (
+    "kv_cache_space_gib", "max_model_len", "enforce_eager", "enable_prefix_caching", "lora_sync"
+)  # fmt: skip
+#: The largest adapter rank vLLM's LoRA path takes (its ``max_lora_rank`` choices end there).
+VLLM_MAX_LORA_RANK = 512
 
 
 def _on(cfg: PosttrainConfig) -> bool:
@@ -42,6 +47,42 @@ def vllm_environment_exists(cfg: PosttrainConfig) -> str | None:
     return missing_vllm_message() if vllm_python() is None else None
 
 
+@error("rollout.engine", "vllm.lora_sync", "model.lora_rank")
+def vllm_lora_sync_needs_lora(cfg: PosttrainConfig) -> str | None:
+    """How adapters reach vLLM means nothing for a policy without adapters."""
+    if not _on(cfg) or cfg.model.lora_rank or cfg.vllm.is_default("lora_sync"):
+        return None
+    return (
+        f"vllm.lora_sync={cfg.vllm.lora_sync} is read only with a LoRA policy (got "
+        "model.lora_rank=0); set model.lora_rank or remove vllm.lora_sync"
+    )
+
+
+@error("rollout.engine", "vllm.lora_sync", "model.lora_rank")
+def vllm_lora_rank_fits(cfg: PosttrainConfig) -> str | None:
+    """vLLM's LoRA path plans its adapter buffers for a rank of at most 512."""
+    m = cfg.model
+    if not _on(cfg) or cfg.vllm.lora_sync != "adapter" or m.lora_rank <= VLLM_MAX_LORA_RANK:
+        return None
+    return (
+        f"model.lora_rank={m.lora_rank} with vllm.lora_sync=adapter: vLLM's LoRA path takes "
+        f"ranks up to {VLLM_MAX_LORA_RANK}; use vllm.lora_sync=merged or a smaller rank"
+    )
+
+
+@warning("rollout.engine", "vllm.lora_sync", "vllm.enforce_eager", "model.lora_rank")
+def vllm_lora_runs_eager(cfg: PosttrainConfig) -> str | None:
+    """vLLM's CPU build switches compilation off for a model with LoRA enabled, silently."""
+    v = cfg.vllm
+    if not _on(cfg) or not cfg.model.lora_rank or v.lora_sync != "adapter" or v.enforce_eager:
+        return None
+    return (
+        "vllm.enforce_eager=false with vllm.lora_sync=adapter: vLLM's CPU build runs a model "
+        "with LoRA enabled eager (its GPU builds compile it); for compiled sampling on the CPU "
+        "use vllm.lora_sync=merged"
+    )
+
+
 @warning("rollout.engine", "rl.rollout_is_cap")
 def vllm_without_is_correction(cfg: PosttrainConfig) -> str | None:
     """vLLM samples with other kernels (and maybe bf16) than the trainer's forward that scores
@@ -63,4 +104,7 @@ RULES = (
     vllm_section_needs_the_engine,
     vllm_environment_exists,
     vllm_without_is_correction,
+    vllm_lora_sync_needs_lora,
+    vllm_lora_rank_fits,
+    vllm_lora_runs_eager,
 )

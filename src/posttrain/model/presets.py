@@ -49,6 +49,9 @@ PRESETS: dict[str, TinyPreset] = {
     "tiny": TinyPreset(48, 3, 4, 4, 160, 256),
     "small": TinyPreset(512, 8, 8, 8, 1376, 1024),
     "arith": TinyPreset(32, 2, 4, 4, 128, 64, ARITHMETIC_CHARACTERS, tie_word_embeddings=False),
+    # ``arith`` with one attention head of 32 (the same parameters): a head size vLLM's CPU
+    # attention takes (it refuses 8), so the demo recipe runs with either engine.
+    "arith_h32": TinyPreset(32, 2, 1, 1, 128, 64, ARITHMETIC_CHARACTERS, tie_word_embeddings=False),
     "arith_tools": TinyPreset(
         64,
         2,

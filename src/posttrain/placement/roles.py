@@ -152,9 +152,8 @@ class PolicyRole:
     def _weights(self) -> WeightSource:
         if self._source is None:
             limit = bucket_bytes(self.config.placement.sync_bucket_mb)
-            # An engine that reloads full weights only gets a LoRA policy's merged weights.
-            caps = engine_capabilities(self.config.rollout.engine)
-            self._source = WeightSource(self.model, limit, None if caps.adapter_sync else False)
+            adapters = None if sends_adapters(self.config) else False  # None: if LoRA
+            self._source = WeightSource(self.model, limit, adapters)
         return self._source
 
     def save(self, step: int, data_state: Mapping[str, Any]) -> str:
@@ -347,6 +346,15 @@ class RewardRole:
         return self.stage.metrics_of(scores), scores
 
 
+def sends_adapters(cfg: PosttrainConfig) -> bool:
+    """Whether a LoRA policy's syncs send its adapters alone (else its merged full weights):
+    an engine that merges them onto a base copy of its own always does; vLLM does with
+    ``vllm.lora_sync=adapter`` (its LoRA path), and reloads merged weights otherwise."""
+    if engine_capabilities(cfg.rollout.engine).adapter_sync:
+        return True
+    return cfg.rollout.engine == "vllm" and cfg.vllm.lora_sync == "adapter"
+
+
 def _out_of_process_engine(cfg: PosttrainConfig, device: str | None):
     """An engine in its own process (``rollout.engine=vllm``): the policy's architecture as a
     meta-device skeleton (weight names and ties; no weights read here), the tokenizer, and the
@@ -356,11 +364,14 @@ def _out_of_process_engine(cfg: PosttrainConfig, device: str | None):
     skeleton, tokenizer = load_policy(
         cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", None, skeleton=True
     )
-    v = cfg.vllm
+    v, m = cfg.vllm, cfg.model
+    adapters = bool(m.lora_rank) and sends_adapters(cfg)
     options = VllmOptions(
         dtype=rollout_dtype(cfg.rollout.dtype, device), kv_cache_space_gib=v.kv_cache_space_gib,
         max_model_len=v.max_model_len, enforce_eager=v.enforce_eager,
         enable_prefix_caching=v.enable_prefix_caching,
+        lora_rank=m.lora_rank if adapters else 0, lora_alpha=m.lora_alpha if adapters else 0.0,
+        lora_targets=tuple(m.lora_target_modules) if adapters else (),
     )  # fmt: skip
     engine = build_engine(
         cfg.rollout.engine, skeleton, tokenizer, weights_from=cfg.model.name_or_path,

@@ -16,8 +16,9 @@ What travels:
   float32 operations :func:`posttrain.model.lora.merged_state` runs on the policy — so the
   rollout's weights, hence its tokens and log-probs, are bit-identical to a sync of merged
   weights. The rollout's forward stays a plain model's (no adapter matmuls while sampling).
-  ``adapters=False`` sends merged full weights instead (what an engine that loads plain Hugging
-  Face weights needs; the benchmark compares both).
+  An engine that applies adapters itself (vLLM's LoRA path) takes them unmerged instead.
+  ``adapters=False`` sends merged full weights (what an engine that loads plain Hugging Face
+  weights needs, ``vllm.lora_sync=merged``; the benchmark compares both).
 """
 
 from __future__ import annotations
@@ -224,13 +225,16 @@ class WeightSink:
     ``base``: for a LoRA policy, the float32 weight of every adapted module as loaded (module
     name -> tensor on the engine's device), and ``scale`` peft's adapter scale; the sink then
     sends ``base + (B @ A) * scale`` for each module whose adapters arrive, so an engine takes
-    full weights whichever kind of sync feeds it.
+    full weights whichever kind of sync feeds it. A receiver that applies adapters itself
+    (``adapter_modules()`` is not None: vLLM's LoRA path) gets them as they are.
     """
 
     def __init__(
         self, engine: RolloutEngine, base: Mapping[str, Tensor] | None = None, scale: float = 1.0
     ):
         self.receiver = receiver = engine.weight_receiver()
+        #: The modules whose adapters the receiver applies itself (None: it takes full weights).
+        self.raw_adapters = receiver.adapter_modules()
         self.base = dict(base or {})
         self.scale = scale
         #: Each weight's canonical key: the first key of the storage it shares (tied weights).
@@ -254,8 +258,11 @@ class WeightSink:
                 continue
             if name.endswith(LORA_A):
                 module = name.removesuffix(LORA_A)
-                merged = self._merged(module, t, bucket[module + LORA_B])
-                self.receiver.load({f"{module}.weight": merged})
+                if self.raw_adapters is not None:
+                    self.receiver.load({name: t, module + LORA_B: bucket[module + LORA_B]})
+                else:
+                    merged = self._merged(module, t, bucket[module + LORA_B])
+                    self.receiver.load({f"{module}.weight": merged})
                 self._received.add(module)
                 self._adapters = True
             else:
@@ -287,7 +294,10 @@ class WeightSink:
         return base + ((b @ a) * self.scale).to(base.dtype)
 
     def _check_complete(self) -> None:
-        expected = set(self.base) if self._adapters else set(self.canonical.values())
+        if self._adapters:
+            expected = set(self.base if self.raw_adapters is None else self.raw_adapters)
+        else:
+            expected = set(self.canonical.values())
         missing = sorted(expected - self._received)
         self._received, self._adapters = set(), False
         if missing:

@@ -70,13 +70,19 @@ class WeightReceiver(Protocol):
 
     Full-weight syncs and adapter-only syncs (whose adapters the rollout role merges onto its
     base weights, ``placement/weight_sync.py``) both feed it named tensors under the plain
-    model's names, so an engine in another process implements these three calls and nothing of
-    the sync's bucketing or merging.
+    model's names, so an engine in another process implements these calls and nothing of the
+    sync's bucketing or merging. An engine that applies adapters itself (vLLM's LoRA path)
+    says which modules' in :meth:`adapter_modules` and gets ``<module>.lora_A`` /
+    ``<module>.lora_B`` as they are.
     """
 
     def names(self) -> Mapping[str, str]:
         """Every weight name the engine takes -> its canonical name (tied weights share one):
         what a sync must cover for the engine to hold the policy's weights."""
+        ...
+
+    def adapter_modules(self) -> frozenset[str] | None:
+        """The modules whose LoRA adapters the engine takes unmerged (None: full weights)."""
         ...
 
     def begin(self) -> None:

@@ -6,9 +6,9 @@ accepts) is the log-prob of the distribution actually sampled, after temperature
 ``in_process``: the engine samples with a torch module in the caller's process, so it can share
 the policy module (a float32 local run then syncs nothing); else it holds its own copy
 elsewhere and every sync sends the weights.
-``adapter_sync``: a LoRA policy's sync may send its adapters alone (the rollout merges them onto
-its float32 base copy); an engine that reloads full weights only (vLLM) gets the policy's merged
-weights instead.
+``adapter_sync``: a LoRA policy's sync always sends its adapters alone (the rollout merges them
+onto its float32 base copy). vLLM declares False: whether it gets adapters (its LoRA path) or
+merged full weights is the run's choice, ``vllm.lora_sync`` (``placement.roles.sends_adapters``).
 """
 
 from __future__ import annotations

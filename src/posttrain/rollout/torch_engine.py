@@ -55,6 +55,11 @@ class ModuleWeights:
             if v.numel()
         }
 
+    def adapter_modules(self) -> None:
+        """None: a plain module takes full weights (the sink merges a LoRA policy's adapters
+        onto its base copy)."""
+        return None
+
     def begin(self) -> None:
         """Nothing to prepare: the copies go straight into the sampling weights."""
 

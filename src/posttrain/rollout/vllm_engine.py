@@ -17,7 +17,11 @@ interface as the torch engine:
 - **Weights**: :class:`VllmWeights` writes each bucket of a sync as HF-named safetensors in a
   RAM folder (``/dev/shm``) and, at the end, asks vLLM to ``reload_weights`` from it, then packs
   the tied ``lm_head`` again and drops the prefix cache: without those two steps vLLM on the CPU
-  keeps sampling with the startup ``lm_head`` and with KV computed from the old weights.
+  keeps sampling with the startup ``lm_head`` and with KV computed from the old weights. With
+  ``lora_rank`` (``vllm.lora_sync=adapter``) vLLM keeps the base it loaded and a sync sends the
+  adapters alone: they become a peft folder, loaded as a new adapter version under a new id
+  (vLLM keeps the first adapter it saw under an id), and every request of every later call
+  names that version (never a mix of adapter and base rows in one batch).
 - **Multi-turn**: each turn is a request of the trajectory's whole context as ids; vLLM's
   prefix cache stands in for the torch engine's per-trajectory KV continuation.
 - It never shares the policy module (it holds its own copy in another process).
@@ -25,6 +29,7 @@ interface as the torch engine:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -63,6 +68,25 @@ class VllmOptions:
     max_model_len: int | None = None
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
+    #: A LoRA policy whose adapters vLLM applies itself (0: full weights only), its peft scale
+    #: numerator and target modules (``model.lora_*``).
+    lora_rank: int = 0
+    lora_alpha: float = 0.0
+    lora_targets: tuple[str, ...] = ()
+
+
+#: vLLM's ``max_lora_rank`` choices: the engine plans for the smallest one that holds the rank.
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _lora_keywords(options: VllmOptions) -> dict[str, object]:
+    """vLLM's LoRA settings for ``options``: one adapter slot (one version at a time)."""
+    if not options.lora_rank:
+        return {}
+    fits = [r for r in _VLLM_LORA_RANKS if r >= options.lora_rank]
+    if not fits:
+        raise ValueError(f"{NAME}: LoRA rank {options.lora_rank} is above vLLM's largest, 512")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1, "max_cpu_loras": 1}
 
 
 def _shm_dir() -> str | None:
@@ -82,17 +106,39 @@ def weight_names(model: nn.Module) -> dict[str, tuple[str, tuple[int, ...]]]:
     return out
 
 
+def _adapted(model: nn.Module, options: VllmOptions) -> frozenset[str]:
+    """The modules peft adapts for ``options.lora_targets`` (plain names), which vLLM's LoRA
+    path must find in every sync."""
+    from posttrain.placement.weight_sync import adapted_modules
+
+    modules = frozenset(adapted_modules(model, options.lora_targets))
+    if not modules:
+        raise ValueError(
+            f"{NAME}: model.lora_target_modules={list(options.lora_targets)} names no linear "
+            "module of the model"
+        )
+    return modules
+
+
 class VllmWeights:
-    """The engine's weight receiver: buckets become safetensors files; ``end`` reloads them."""
+    """The engine's weight receiver: buckets become safetensors files; ``end`` reloads them.
+    On an engine with LoRA enabled it takes adapters alone, and ``end`` loads them as the next
+    adapter version."""
 
     def __init__(self, engine: VllmRolloutEngine) -> None:
         self._engine = engine
         self._dir: str | None = None
         self._sent: set[str] = set()
         self._files = 0
+        self._adapters: dict[str, Tensor] = {}
 
     def names(self) -> dict[str, str]:
         return {k: canonical for k, (canonical, _) in self._engine.weights.items()}
+
+    def adapter_modules(self) -> frozenset[str] | None:
+        """The adapted modules whose ``.lora_A`` / ``.lora_B`` this engine takes as they are
+        (None: full weights only)."""
+        return self._engine.adapted
 
     def begin(self) -> None:
         """Open a staging folder for this sync (RAM-backed where ``/dev/shm`` is writable)."""
@@ -100,9 +146,13 @@ class VllmWeights:
         self._dir = tempfile.mkdtemp(prefix="posttrain-vllm-sync-", dir=_shm_dir())
 
     def load(self, weights: Mapping[str, Tensor]) -> None:
-        """Check the names and shapes, then write the bucket as one safetensors file."""
+        """Check the names and shapes, then write the bucket as one safetensors file (adapters:
+        keep them for ``end``, which writes them as one adapter)."""
         from safetensors.torch import save_file
 
+        if self._engine.adapted is not None:
+            self._keep_adapters(weights)
+            return
         table = self._engine.weights
         for name, value in weights.items():
             entry = table.get(name)
@@ -125,11 +175,74 @@ class VllmWeights:
             save_file(bucket, os.path.join(self._dir, f"bucket-{self._files:05d}.safetensors"))
             self._files += 1
 
+    def _keep_adapters(self, weights: Mapping[str, Tensor]) -> None:
+        adapted, table = self._engine.adapted, self._engine.weights
+        rank = self._engine.options.lora_rank
+        assert adapted is not None
+        for name, value in weights.items():
+            module, _, kind = name.rpartition(".")
+            if kind not in ("lora_A", "lora_B") or module not in adapted:
+                raise ValueError(
+                    f"sync_weights: {name!r} is not an adapter of this engine's LoRA modules "
+                    f"({len(adapted)}); {NAME} with vllm.lora_sync=adapter takes the policy's "
+                    "adapters alone (vllm.lora_sync=merged takes full weights)"
+                )
+            out, inp = table[f"{module}.weight"][1]
+            want = (rank, inp) if kind == "lora_A" else (out, rank)
+            if tuple(value.shape) != want:
+                raise ValueError(
+                    f"sync_weights: {name!r} {tuple(value.shape)} is not the shape of a rank-"
+                    f"{rank} adapter of that module {want}; the policy and the engine disagree "
+                    "on model.lora_rank"
+                )
+            self._adapters[name] = value.detach().to("cpu", torch.float32).contiguous()
+
+    def _load_adapters(self) -> None:
+        """The adapters as a peft folder in the engine's work folder, loaded as the next
+        version; the previous version's folder goes once vLLM has let it go."""
+        from safetensors.torch import save_file
+
+        engine = self._engine
+        adapted = engine.adapted
+        assert adapted is not None
+        missing = sorted(
+            f"{m}{k}" for m in adapted for k in (".lora_A", ".lora_B")
+            if f"{m}{k}" not in self._adapters
+        )  # fmt: skip
+        if missing:
+            raise ValueError(
+                f"weight sync: {len(missing)} adapter(s) did not arrive (first: {missing[0]}); "
+                f"{NAME} loads every adapted module's adapters at once"
+            )
+        version = engine.weight_version + 1
+        folder = Path(engine.process.workdir) / f"lora-{version:06d}"
+        folder.mkdir()
+        tensors = {f"base_model.model.{k}.weight": v for k, v in self._adapters.items()}
+        save_file(tensors, str(folder / "adapter_model.safetensors"))
+        o = engine.options
+        (folder / "adapter_config.json").write_text(json.dumps({
+            "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": o.lora_rank,
+            "lora_alpha": o.lora_alpha, "target_modules": sorted(o.lora_targets),
+            "lora_dropout": 0.0, "bias": "none", "use_rslora": False, "use_dora": False,
+        }))  # fmt: skip
+        spec = (f"posttrain-v{version}", version, str(folder))
+        try:
+            engine.last_reload_s = float(engine.process.call("lora", lora=spec)["seconds"])
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        if engine.lora is not None:
+            shutil.rmtree(engine.lora[2], ignore_errors=True)
+        engine.lora = spec
+
     def end(self) -> int:
         """Every weight arrived: vLLM reloads them (then repacks ``lm_head``, resets its prefix
-        cache); the staging folder goes, the weight version moves on once."""
+        cache), or loads the adapters as the next version; the staging folder goes, the weight
+        version moves on once."""
         try:
-            if self._files:
+            if self._engine.adapted is not None:
+                self._load_adapters()
+            elif self._files:
                 expected = {c for c, _ in self._engine.weights.values()}
                 missing = sorted(expected - self._sent)
                 if missing:
@@ -148,7 +261,7 @@ class VllmWeights:
     def _discard(self) -> None:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
-        self._dir, self._sent, self._files = None, set(), 0
+        self._dir, self._sent, self._files, self._adapters = None, set(), 0, {}
 
 
 class VllmRolloutEngine:
@@ -178,6 +291,10 @@ class VllmRolloutEngine:
             model, tokenizer, stop_token_ids, pad_token_id
         )
         self.weights = weight_names(model)
+        #: With LoRA enabled: the adapted modules (plain names) and the adapter version every
+        #: request names (``(name, id, folder)``; None until the first sync: the base).
+        self.adapted = _adapted(model, options) if options.lora_rank else None
+        self.lora: tuple[str, int, str] | None = None
         self.weight_version = 0
         self.last_reload_s = 0.0
         workdir = tempfile.mkdtemp(prefix="posttrain-vllm-")
@@ -185,8 +302,11 @@ class VllmRolloutEngine:
             if weights_from is None:
                 weights_from = Path(workdir) / "model"
                 self._save(model, weights_from)
+            # vLLM's process runs in its work folder: a relative folder would not be found there
+            # (vLLM then takes it for a hub repo id).
+            local = Path(weights_from)
             llm = {
-                "model": str(weights_from),
+                "model": str(local.resolve() if local.exists() else weights_from),
                 "skip_tokenizer_init": True,
                 "dtype": options.dtype,
                 "enforce_eager": options.enforce_eager,
@@ -196,6 +316,7 @@ class VllmRolloutEngine:
                 "logprobs_mode": "processed_logprobs",
                 "generation_config": "vllm",  # no sampling defaults from the model folder
                 "seed": 0,
+                **_lora_keywords(options),
             }
             env = {
                 "VLLM_CACHE_ROOT": str(Path(workdir) / "cache"),
@@ -298,7 +419,8 @@ class VllmRolloutEngine:
             }  # fmt: skip
             for m, s in zip(max_tokens, seeds, strict=True)
         ]
-        out = self.process.call("generate", prompts=list(prompts), params=params)["rows"]
+        out = self.process.call("generate", prompts=list(prompts), params=params, lora=self.lora)
+        out = out["rows"]
         stops = set(self.stop_token_ids)
         rows = []
         for b, (ids, lps, reason) in enumerate(out):

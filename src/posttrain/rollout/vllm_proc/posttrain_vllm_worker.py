@@ -7,12 +7,17 @@ transformers' newer release). It connects back to the driver over
 ``multiprocessing.connection`` (loopback TCP, an authkey read from stdin) and serves plain
 pickled dicts until told to close:
 
-- ``{"op": "generate", "prompts": [[ids]], "params": [{...}]}``: one request per row (the
-  driver expands ``n`` and picks each row's seed), ``TokensPrompt`` in; out, per row, the
-  sampled ids, the processed log-prob of each sampled id and vLLM's finish reason.
+- ``{"op": "generate", "prompts": [[ids]], "params": [{...}], "lora": [name, id, dir] | None}``:
+  one request per row (the driver expands ``n`` and picks each row's seed), ``TokensPrompt``
+  in, every row with the same adapter or none (vLLM corrupts base rows that share a batch with
+  adapter rows); out, per row, the sampled ids, the processed log-prob of each sampled id and
+  vLLM's finish reason.
 - ``{"op": "reload", "path": dir}``: full weights from the HF-named safetensors files in
   ``dir`` (``reload_weights``), then the two steps vLLM leaves out on the CPU: the tied
   ``lm_head`` is packed again from the new embedding, and the prefix cache is dropped.
+- ``{"op": "lora", "lora": [name, id, dir]}``: a new adapter version (a peft folder) becomes
+  the only one vLLM holds (a new id each time: vLLM keeps the first adapter it loaded under an
+  id, whatever path a later request names), then the prefix cache is dropped.
 - ``{"op": "close"}``.
 
 Every reply is ``{"ok": True, ...}`` or ``{"ok": False, "error": one line}``. The first message,
@@ -70,12 +75,21 @@ def _sampling_params(p: dict[str, Any]):
     )
 
 
+def _lora_request(spec):
+    from vllm.lora.request import LoRARequest
+
+    name, lora_id, path = spec
+    return LoRARequest(lora_name=name, lora_int_id=int(lora_id), lora_path=path)
+
+
 def _generate(llm, message: dict[str, Any]) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
     prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in message["prompts"]]
     params = [_sampling_params(p) for p in message["params"]]
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    lora = message.get("lora")
+    request = None if lora is None else _lora_request(lora)
+    outs = llm.generate(prompts, params, use_tqdm=False, lora_request=request)
     rows = []
     for out in outs:
         c = out.outputs[0]
@@ -94,6 +108,18 @@ def _reload(llm, message: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "seconds": time.perf_counter() - start, "lm_heads": packed[0]}
 
 
+def _lora(llm, message: dict[str, Any]) -> dict[str, Any]:
+    start = time.perf_counter()
+    engine = llm.llm_engine
+    for old in sorted(engine.list_loras()):
+        engine.remove_lora(old)
+    if not engine.add_lora(_lora_request(message["lora"])):
+        return {"ok": False, "error": f"vLLM refused the adapter in {message['lora'][2]}"}
+    if not llm.reset_prefix_cache():
+        return {"ok": False, "error": "vLLM refused to reset its prefix cache after an adapter"}
+    return {"ok": True, "seconds": time.perf_counter() - start}
+
+
 def _serve(conn, llm) -> None:
     while True:
         try:
@@ -109,6 +135,8 @@ def _serve(conn, llm) -> None:
                 reply = _generate(llm, message)
             elif op == "reload":
                 reply = _reload(llm, message)
+            elif op == "lora":
+                reply = _lora(llm, message)
             else:
                 reply = {"ok": False, "error": f"unknown op {op!r}"}
         except Exception as e:  # noqa: BLE001 - every failure goes back as one line
