@@ -23,6 +23,9 @@ against TRL's own building blocks and the raw difference is printed as an ``info
   with ``loss_weights=[2(1-ε), -(1-2ε)]``.
 - TRL's ``ipo`` divides each log-ratio by its answer's token count; ours keeps sums. Ours on
   per-token means (our ``pair_losses`` on ``logp / length``) equals TRL's IPO.
+- RPO: TRL's ``loss_type=[sigmoid, sft]`` averages the NLL over every chosen token of the batch;
+  ``lmdpo.rpo_alpha``'s term is each pair's NLL per chosen token. TRL run on one pair at a time
+  (loss, metrics and gradients averaged over the pairs) is checked against ours.
 
 Exits 1 when a checked row is off by more than :data:`RTOL` (float32 rounding), relative to the
 largest value of its kind.
@@ -50,6 +53,9 @@ from posttrain.algorithm.primitives.objective import REFERENCE_COLUMN
 from posttrain.data.lmdpo import collate_pairs, load_pairs
 from posttrain.data.logprobs import response_logprobs
 from posttrain.model.tiny import build_tiny_model
+
+#: The metrics TRL logs under our names (``nll_loss`` is ours alone).
+TRL_NAMES = [v for k, v in NAMES.items() if k != "nll_loss"]
 
 #: Relative tolerance: |ours - TRL| <= RTOL * max(1, |TRL|) for the loss and each metric, and
 #: max |grad ours - grad TRL| <= RTOL * max |grad TRL| over every parameter.
@@ -95,21 +101,22 @@ def answer_start(row) -> int:
     return s
 
 
-def ours(policy, reference, data, pad_id: int, loss: str, beta: float, eps: float, norm: bool):
-    """Our loss, metrics (TRL's names) and ``{name: grad}``; ``norm``: IPO on per-token means."""
+def ours(policy, reference, data, pad_id: int, loss: str, beta: float, eps: float, norm: bool,
+         rpo: float = 0.0):  # fmt: skip
+    """Our loss, metrics (TRL's names) and ``{name: grad}``; ``norm``: IPO on per-token means;
+    ``rpo``: ``lmdpo.rpo_alpha``."""
     batch = collate_pairs(data, pad_id)
     with torch.no_grad():
         batch = batch.replace(
             columns={**batch.columns, REFERENCE_COLUMN: response_logprobs(reference, batch)}
         )
-    value, metrics = make_objective(None, None, loss=loss, beta=beta, label_smoothing=eps)(
-        policy, batch
-    )
+    objective = make_objective(None, None, loss=loss, beta=beta, label_smoothing=eps, rpo_alpha=rpo)
+    value, metrics = objective(policy, batch)
     if norm:  # the same blocks, each sequence log-prob divided by its answer's token count
         lengths = sequence_logps(batch.response_mask.to(torch.float32), batch)
         pol = sequence_logps(response_logprobs(policy, batch), batch) / lengths
         ref = sequence_logps(batch.columns[REFERENCE_COLUMN], batch) / lengths
-        value = pair_losses(pol, ref, loss, beta, eps)[0].mean()
+        value = pair_losses(pol, ref, loss, beta, eps, lengths)[0].mean()
     names = dict(policy.named_parameters())
     grads = torch.autograd.grad(value, list(names.values()))
     return (
@@ -134,8 +141,19 @@ def trl(trainer: DPOTrainer, examples: list[dict]):
     value = trainer.compute_loss(model, trainer.data_collator(examples))
     names = dict(model.named_parameters())
     grads = torch.autograd.grad(value, list(names.values()))
-    metrics = {k: trainer._metrics["train"][k][-1] for k in NAMES.values()}
+    metrics = {k: trainer._metrics["train"][k][-1] for k in TRL_NAMES}
     return value.item(), metrics, dict(zip(names, grads, strict=True))
+
+
+def trl_one_pair_at_a_time(trainer: DPOTrainer, examples: list[dict]):
+    """:func:`trl` on each pair alone, loss, metrics and gradients averaged over the pairs: TRL's
+    ``sft`` term is then each pair's own NLL per chosen token, as ``lmdpo.rpo_alpha``'s."""
+    runs = [trl(trainer, [e]) for e in examples]
+    n = len(runs)
+    value = sum(r[0] for r in runs) / n
+    metrics = {k: sum(r[1][k] for r in runs) / n for k in runs[0][1]}
+    grads = {k: sum(r[2][k] for r in runs) / n for k in runs[0][2]}
+    return value, metrics, grads
 
 
 def tokenisation(trainer: DPOTrainer, data, tokenizer) -> tuple[list[dict], list[dict], str]:
@@ -220,7 +238,7 @@ def run(work: Path) -> int:
     moved = perturbed(base, PERTURB)
     pad = tokenizer.pad_token_id
 
-    # (case, ours: loss beta eps norm, TRL's config, policy moved, checked)
+    # (case, ours: loss beta eps norm [rpo_alpha], TRL's config, policy moved, checked)
     e = 0.2
     cases = [
         ("sigmoid b=0.1, policy = ref", ("sigmoid", 0.1, 0.0, False), {}, False, True),
@@ -236,16 +254,20 @@ def run(work: Path) -> int:
          {"loss_type": ["ipo"]}, True, True),
         ("ipo b=0.3, ours as is (sums)", ("ipo", 0.3, 0.0, False),
          {"loss_type": ["ipo"]}, True, False),
+        ("sigmoid b=0.1 rpo=1 vs [sigmoid,sft], per pair", ("sigmoid", 0.1, 0.0, False, 1.0),
+         {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 1.0]}, True, True),
+        ("sigmoid b=0.1 rpo=1 vs [sigmoid,sft], batch", ("sigmoid", 0.1, 0.0, False, 1.0),
+         {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 1.0]}, True, False),
     ]  # fmt: skip
     rows, failed, how = [], False, ""
-    for name, (loss, beta, eps, norm), config, moved_policy, checked in cases:
+    for name, (loss, beta, eps, norm, *rpo), config, moved_policy, checked in cases:
         start = moved if moved_policy else base
-        mine = ours(copy.deepcopy(start).train(), reference, data, pad, loss, beta, eps, norm)
+        mine = ours(copy.deepcopy(start).train(), reference, data, pad, loss, beta, eps, norm, *rpo)
         config.setdefault("loss_type", ["sigmoid"])
         trainer = trainer_for(copy.deepcopy(start), copy.deepcopy(reference), tokenizer,
                               str(work / "trl"), beta=beta, **config)  # fmt: skip
         same, own, how = tokenisation(trainer, data, tokenizer)
-        theirs = trl(trainer, same)
+        theirs = (trl_one_pair_at_a_time if name.endswith("per pair") else trl)(trainer, same)
         diffs = compare(mine, theirs)
         bad = checked and max(diffs[:3]) > RTOL
         failed |= bad

@@ -77,16 +77,17 @@ def table(rows: list[dict]) -> str:
     lines = ["| seed | rows / pairs | held-out: base | SFT | DPO | train samples: base | SFT | DPO |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
 
-    def cells(r: dict) -> str:
-        acc = " | ".join(f"{r[k]['accuracy']:.2f}" for k in keys)
-        return acc + " | " + " | ".join(f"{r[k]['correct_rate']:.3f}" for k in keys)
+    def cells(r: dict) -> str:  # "-": a fine-tuning the variant did not run
+        acc = " | ".join(f"{r[k]['accuracy']:.2f}" if k in r else "-" for k in keys)
+        return acc + " | " + " | ".join(f"{r[k]['correct_rate']:.3f}" if k in r else "-"
+                                        for k in keys)  # fmt: skip
 
     for r in rows:
         lines.append(
             f"| {r['seed']} | {r['base']['sft_rows']} / {r['base']['pairs']} | {cells(r)} |"
         )
     mean = {k: {m: statistics.mean(r[k][m] for r in rows) for m in ("accuracy", "correct_rate")}
-            for k in keys}  # fmt: skip
+            for k in keys if all(k in r for r in rows)}  # fmt: skip
     lines.append(f"| mean | | {cells(mean)} |")
     return "\n".join(lines)
 

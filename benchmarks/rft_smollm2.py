@@ -1,7 +1,8 @@
 """SmolLM2-135M-Instruct: base vs SFT on its correct samples vs DPO on its pairs (held-out).
 
     python benchmarks/rft_smollm2.py [--seeds 0] [--prompts 8] [--after-prompts A] [--steps 8]
-        [--root outputs/rft_smollm2] [--tag NAME] [--sft-opts K=V ...] [--dpo-opts K=V ...]
+        [--root outputs/rft_smollm2] [--tag NAME] [--entries lmdpo sft]
+        [--sft-opts K=V ...] [--dpo-opts K=V ...]
 
 Per seed ``s`` (each command one torch thread, in order, under ``--root``):
 
@@ -10,7 +11,8 @@ Per seed ``s`` (each command one torch thread, in order, under ``--root``):
    untrained model, ``sft.jsonl`` / ``pairs.jsonl``, and the base's greedy accuracy on the 200
    held-out problems;
 2. ``posttrain sft --config rft_smollm2_sft`` and ``posttrain lmdpo --config rft_smollm2_lmdpo``
-   from the base on those files, ``--steps`` steps each (LoRA r16);
+   from the base on those files, ``--steps`` steps each (LoRA r16; ``--entries`` picks which: a
+   DPO variant need not train SFT again);
 3. ``posttrain rft`` from each fine-tuned model on the first ``A`` of those prompts (default
    ``P``; sampling 64 prompts costs about as much as the evaluation): its greedy held-out
    accuracy (GRPO's evaluation, the same 200 problems) and its train-sample correct rate.
@@ -33,6 +35,7 @@ from rft_measure import held_out, posttrain, table  # noqa: E402
 
 def one_seed(seed: int, root: Path, prompts: tuple[int, int], steps: int, tag: str,
              extra: dict) -> dict:  # fmt: skip
+    """One seed's chain; ``extra`` maps each entry to run to its overrides."""
     common = (
         f"job.output_root={root}",
         f"job.seed={seed}",
@@ -45,6 +48,8 @@ def one_seed(seed: int, root: Path, prompts: tuple[int, int], steps: int, tag: s
     row = {"seed": seed, "base": held_out(data)}
     for entry, key, file in (("lmdpo", "lmdpo.train_path", "pairs.jsonl"),
                              ("sft", "sft.train_path", "sft.jsonl")):  # fmt: skip
+        if entry not in extra:
+            continue
         name = f"{entry}_{tag}_s{seed}"
         model = root / entry / name / "final_model"
         if not model.exists():  # a finished step is reused: the chain resumes where it stopped
@@ -67,11 +72,12 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=8, help="SFT and DPO steps")
     p.add_argument("--root", default="outputs/rft_smollm2")
     p.add_argument("--tag", default="default", help="names this variant's SFT and DPO runs")
+    p.add_argument("--entries", nargs="+", choices=("lmdpo", "sft"), default=["lmdpo", "sft"])
     p.add_argument("--sft-opts", nargs="*", default=[], metavar="K=V")
     p.add_argument("--dpo-opts", nargs="*", default=[], metavar="K=V")
     args = p.parse_args()
     root = Path(args.root)
-    extra = {"sft": args.sft_opts, "lmdpo": args.dpo_opts}
+    extra = {e: {"sft": args.sft_opts, "lmdpo": args.dpo_opts}[e] for e in args.entries}
     rows = []
     for seed in args.seeds:
         prompts = (args.prompts, args.after_prompts or args.prompts)

@@ -80,6 +80,16 @@ def test_lora_scores_against_the_adapter_free_base(tmp_path):
     assert summary["final"]["val/loss"] < summary["initial"]["val/loss"]
 
 
+def test_rpo_alpha_reaches_the_loss_and_the_held_out_loss(tmp_path):
+    """``lmdpo.rpo_alpha=0.5``: at step 0 (policy == reference, DPO's part log 2) the held-out
+    loss is log 2 + 0.5 x the chosen answers' NLL per token, which ``val/nll_loss`` reports."""
+    summary = train(opts_for(tmp_path, "rpo", **{"lmdpo.rpo_alpha": 0.5, "rl.max_steps": 2}))
+    first = summary["initial"]
+    assert first["val/nll_loss"] > 0
+    assert first["val/loss"] == pytest.approx(0.6931472 + 0.5 * first["val/nll_loss"], abs=1e-6)
+    assert summary["final"]["val/loss"] < first["val/loss"]
+
+
 def test_bf16_compute_scores_the_reference_in_the_same_precision(tmp_path):
     """``model.dtype=bfloat16``: the second copy of the base holds float32 weights, as the
     policy's master weights, and scores under the trainer's autocast as the policy does, so a

@@ -73,12 +73,17 @@ def seq_logp(net, row: SFTRow) -> torch.Tensor:
     return logp[torch.tensor(row.mask[1:])].sum()
 
 
-def hand_loss(model, reference, data, loss: str, beta: float, eps: float) -> torch.Tensor:
+def hand_loss(
+    model, reference, data, loss: str, beta: float, eps: float, rpo: float = 0.0
+) -> torch.Tensor:
     """The DPO losses written out, one pair at a time:
     Δ = (log π(c) - log π_ref(c)) - (log π(r) - log π_ref(r));
-    sigmoid: -(1-ε) log σ(βΔ) - ε log σ(-βΔ); ipo: (Δ - 1/(2β))²; mean over pairs."""
+    sigmoid: -(1-ε) log σ(βΔ) - ε log σ(-βΔ); ipo: (Δ - 1/(2β))²; plus RPO's
+    α · (-log π(c) / |c|), |c| the chosen answer's tokens; mean over pairs."""
     out = []
     for c, r in data:
+        if rpo:
+            out.append(rpo * -seq_logp(model, c) / sum(c.mask[1:]))
         with torch.no_grad():
             ref_c, ref_r = seq_logp(reference, c), seq_logp(reference, r)
         delta = (seq_logp(model, c) - ref_c) - (seq_logp(model, r) - ref_r)
@@ -89,18 +94,21 @@ def hand_loss(model, reference, data, loss: str, beta: float, eps: float) -> tor
             )
         else:
             out.append((delta - 1 / (2 * beta)) ** 2)
-    return torch.stack(out).mean()
+    return torch.stack(out).sum() / len(data)
 
 
-@pytest.mark.parametrize(("loss", "beta", "eps"), [("sigmoid", 0.1, 0.0), ("sigmoid", 0.5, 0.2),
-                                                   ("ipo", 0.3, 0.0)])  # fmt: skip
-def test_loss_and_gradient_equal_the_hand_computation(model, reference, loss, beta, eps):
+@pytest.mark.parametrize(("loss", "beta", "eps", "rpo"),
+                         [("sigmoid", 0.1, 0.0, 0.0), ("sigmoid", 0.5, 0.2, 0.0),
+                          ("ipo", 0.3, 0.0, 0.0), ("sigmoid", 0.1, 0.0, 1.0),
+                          ("ipo", 0.3, 0.0, 0.5)])  # fmt: skip
+def test_loss_and_gradient_equal_the_hand_computation(model, reference, loss, beta, eps, rpo):
     data = pairs()
-    objective = make_objective(None, None, loss=loss, beta=beta, label_smoothing=eps)
+    objective = make_objective(None, None, loss=loss, beta=beta, label_smoothing=eps,
+                               rpo_alpha=rpo)  # fmt: skip
     batch = with_reference(collate_pairs(data, pad_id=0), reference)
     got, metrics = objective(model, batch)
     grads = torch.autograd.grad(got, list(model.parameters()))
-    expected = hand_loss(model, reference, data, loss, beta, eps)
+    expected = hand_loss(model, reference, data, loss, beta, eps, rpo)
     hand_grads = torch.autograd.grad(expected, list(model.parameters()))
     assert got.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
     assert metrics["objective/weight_sum"].item() == len(data)
@@ -113,9 +121,10 @@ def test_loss_and_gradient_equal_the_hand_computation(model, reference, loss, be
         rc = torch.stack([beta * (seq_logp(model, c) - seq_logp(reference, c)) for c, _ in data])
         rr = torch.stack([beta * (seq_logp(model, r) - seq_logp(reference, r)) for _, r in data])
         lc = torch.stack([seq_logp(model, c) for c, _ in data])
+        nll = torch.stack([-seq_logp(model, c) / sum(c.mask[1:]) for c, _ in data])
     want = {"rewards_chosen": rc.mean(), "rewards_rejected": rr.mean(),
             "rewards_margins": (rc - rr).mean(), "rewards_accuracies": (rc > rr).double().mean(),
-            "logps_chosen": lc.mean()}  # fmt: skip
+            "logps_chosen": lc.mean(), "nll_loss": nll.mean()}  # fmt: skip
     for k, v in want.items():
         assert metrics[k].item() == pytest.approx(v.item(), rel=1e-5, abs=1e-6), k
 
@@ -131,9 +140,11 @@ def test_a_policy_equal_to_its_reference_has_no_margin(model):
 
 
 def step(model, batch, **split) -> dict[str, torch.Tensor]:
-    """The weights after one SGD step (lr 1: the update is the gradient) with ``split``."""
+    """The weights after one SGD step (lr 1: the update is the gradient) with ``split``; the
+    RPO term on, so its per-pair normaliser is under the same check."""
     trained = copy.deepcopy(model).train()
-    objective = make_objective(None, None, loss="sigmoid", beta=0.5, label_smoothing=0.1)
+    objective = make_objective(None, None, loss="sigmoid", beta=0.5, label_smoothing=0.1,
+                               rpo_alpha=0.7)  # fmt: skip
     trainer = LLMTrainer(trained, objective, lr=1.0, optimizer="sgd", **split)
     trainer.train_on_batch(batch)
     return {k: v.detach().clone() for k, v in trained.named_parameters()}
@@ -159,9 +170,9 @@ def test_half_a_pair_in_a_micro_batch_is_refused(model, reference):
 def test_held_out_metrics_are_the_means_over_pairs(model, reference):
     data = pairs(seed=4, n=5)
     got = held_out(model, reference, collate_pairs(data, pad_id=0), 2, "sigmoid", 0.1, 0.0,
-                   contextlib.nullcontext)  # fmt: skip
+                   contextlib.nullcontext, rpo_alpha=0.3)  # fmt: skip
     with torch.no_grad():
-        want = hand_loss(model, reference, data, "sigmoid", 0.1, 0.0).item()
+        want = hand_loss(model, reference, data, "sigmoid", 0.1, 0.0, 0.3).item()
     assert got["val/loss"] == pytest.approx(want, rel=1e-5) and got["val/pairs"] == 5
     assert {"val/rewards/chosen", "val/rewards/rejected", "val/rewards/accuracies",
             "val/rewards/margins", "val/logps/chosen", "val/logps/rejected"} <= set(got)  # fmt: skip

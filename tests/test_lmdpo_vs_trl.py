@@ -21,4 +21,6 @@ def test_loss_metrics_and_gradients_equal_trls_dpo_trainer():
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
     verdicts = [line.split()[-1] for line in out.stdout.splitlines() if line.strip()]
     verdicts = [v for v in verdicts if v in ("ok", "FAIL", "info")]
-    assert verdicts == ["ok", "ok", "info", "ok", "ok", "info", "ok", "info"], out.stdout
+    assert verdicts == ["ok", "ok", "info", "ok", "ok", "info", "ok", "info", "ok", "info"], (
+        out.stdout
+    )

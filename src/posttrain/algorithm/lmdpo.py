@@ -4,7 +4,10 @@ Per pair, with sequence log-probs summed over the answer's tokens (TRL's default
 ``Δ = (log π(c) - log π_ref(c)) - (log π(r) - log π_ref(r))`` and the loss is
 ``-(1-ε) log σ(βΔ) - ε log σ(-βΔ)`` (``sigmoid``; ε: ``lmdpo.label_smoothing``) or
 ``(Δ - 1/(2β))²`` (``ipo``; note TRL's IPO divides each log-prob by the answer's length, this
-one does not). It is a TOKEN_SUM objective whose weight is the number of pairs: each chunk
+one does not). ``lmdpo.rpo_alpha`` = α adds RPO's NLL term (Pang et al. 2024), ``α · (-log π(c) / |c|)``
+per pair: the chosen answer's NLL per token, so a pair's term does not depend on its batch-mates
+(TRL's ``[sigmoid, sft]`` averages the NLL over every chosen token of its micro-batch instead;
+the two agree with one pair per micro-batch). It is a TOKEN_SUM objective whose weight is the number of pairs: each chunk
 reports ``(Σ pair losses, pairs)`` and the trainer divides once, so the mean over the step's
 pairs is exact under any micro-batch or token-budget split that keeps each pair whole (a pair is
 a group; a chunk holding half a pair is refused). The reference's per-token log-probs arrive in
@@ -46,6 +49,7 @@ NAMES = {
     "rewards_margins": "rewards/margins",
     "logps_chosen": "logps/chosen",
     "logps_rejected": "logps/rejected",
+    "nll_loss": "nll_loss",
 }
 LMDPO_METRICS = MetricAdapter(NAMES, reductions=dict.fromkeys(NAMES, "mean"))
 
@@ -69,10 +73,17 @@ def pair_rows(batch: TrajectoryBatch) -> tuple[Tensor, Tensor]:
 
 
 def pair_losses(
-    policy: Tensor, reference: Tensor, loss: PreferenceLoss, beta: float, smoothing: float
+    policy: Tensor,
+    reference: Tensor,
+    loss: PreferenceLoss,
+    beta: float,
+    smoothing: float,
+    lengths: Tensor,
+    rpo_alpha: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-pair losses and TRL's per-pair metrics from ``[P, 2]`` sequence log-probs
-    (column 0 chosen, 1 rejected) of the policy and the reference."""
+    (column 0 chosen, 1 rejected) of the policy and the reference, and the answers' token counts
+    ``lengths`` (``[P, 2]``; the NLL term's and the ``nll_loss`` metric's normaliser)."""
     ratio = policy - reference.to(policy.dtype)
     delta = ratio[:, 0] - ratio[:, 1]
     if loss == "sigmoid":
@@ -81,6 +92,9 @@ def pair_losses(
         )
     else:
         per_pair = (delta - 1 / (2 * beta)) ** 2
+    nll = -policy[:, 0] / lengths[:, 0].to(policy.dtype)
+    if rpo_alpha:
+        per_pair = per_pair + rpo_alpha * nll
     rewards = beta * ratio.detach()
     metrics = {
         "rewards_chosen": rewards[:, 0],
@@ -89,6 +103,7 @@ def pair_losses(
         "rewards_margins": rewards[:, 0] - rewards[:, 1],
         "logps_chosen": policy.detach()[:, 0],
         "logps_rejected": policy.detach()[:, 1],
+        "nll_loss": nll.detach(),
     }
     return per_pair, metrics
 
@@ -100,6 +115,11 @@ def sequence_logps(per_token: Tensor, batch: TrajectoryBatch) -> Tensor:
     return torch.stack([seq[c], seq[r]], dim=1)
 
 
+def answer_lengths(batch: TrajectoryBatch) -> Tensor:
+    """``[P, 2]`` answer token counts (chosen, rejected) of each pair."""
+    return sequence_logps(batch.response_mask.to(torch.float32), batch)
+
+
 @declare_reads(reads)
 def make_objective(
     rl: Any,
@@ -107,12 +127,16 @@ def make_objective(
     loss: PreferenceLoss = "sigmoid",
     beta: float = 0.1,
     label_smoothing: float = 0.0,
+    rpo_alpha: float = 0.0,
 ) -> Objective:
-    """The preference loss (``lmdpo.loss``, ``lmdpo.beta``, ``lmdpo.label_smoothing``, bound by
-    the entry with ``functools.partial``) over the pairs of each chunk."""
+    """The preference loss (``lmdpo.loss``, ``lmdpo.beta``, ``lmdpo.label_smoothing``,
+    ``lmdpo.rpo_alpha``, bound by the entry with ``functools.partial``) over the pairs of each
+    chunk."""
     if loss not in ("sigmoid", "ipo"):
         raise ValueError(f"loss must be sigmoid or ipo, got {loss!r}")
-    beta, smoothing = float(beta), float(label_smoothing)
+    if rpo_alpha < 0:
+        raise ValueError(f"rpo_alpha must be >= 0, got {rpo_alpha!r}")
+    beta, smoothing, alpha = float(beta), float(label_smoothing), float(rpo_alpha)
 
     def fn(model: nn.Module, batch: TrajectoryBatch):
         ref = batch.columns.get(REFERENCE_COLUMN)
@@ -121,12 +145,15 @@ def make_objective(
                 f"a DPO batch needs the reference's log-probs in {REFERENCE_COLUMN!r}"
             )
         policy = sequence_logps(masked_response_logprobs(model, batch), batch)
-        per_pair, metrics = pair_losses(policy, sequence_logps(ref, batch), loss, beta, smoothing)
+        per_pair, metrics = pair_losses(policy, sequence_logps(ref, batch), loss, beta, smoothing,
+                                        answer_lengths(batch), alpha)  # fmt: skip
         weight = torch.tensor(float(len(per_pair)), dtype=policy.dtype)
         means = {k: v.mean() for k, v in metrics.items()}
         return per_pair.sum() / weight, {OBJECTIVE_WEIGHT_SUM: weight, **means}
 
     identity = {"lmdpo_loss": loss, "beta": beta, "label_smoothing": smoothing}
+    if alpha:  # absent at 0, so the identities of runs from before the knob stay as they were
+        identity["rpo_alpha"] = alpha
     return Objective(fn, Reduction.TOKEN_SUM, LMDPO_METRICS, identity=identity)
 
 
@@ -140,6 +167,7 @@ def held_out(
     beta: float,
     smoothing: float,
     context: Any,
+    rpo_alpha: float = 0.0,
 ) -> dict[str, float]:
     """The loss and TRL's metrics over every held-out pair, ``pairs`` pairs per forward, as
     ``val/...`` (means over pairs)."""
@@ -155,7 +183,8 @@ def held_out(
             with context():
                 policy = sequence_logps(masked_response_logprobs(model, part), part)
                 ref = sequence_logps(masked_response_logprobs(reference, part), part)
-            per_pair, metrics = pair_losses(policy.float(), ref.float(), loss, beta, smoothing)
+            per_pair, metrics = pair_losses(policy.float(), ref.float(), loss, beta, smoothing,
+                                            answer_lengths(part), rpo_alpha)  # fmt: skip
             for k, v in {"loss": per_pair, **metrics}.items():
                 sums[k] = sums.get(k, 0.0) + float(v.double().sum())
     finally:

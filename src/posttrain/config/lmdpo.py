@@ -63,3 +63,10 @@ class LMDPOConfig(Section):
         lt=0.5,
         description="ε of cDPO: the share of pairs assumed mislabelled (`sigmoid` only).",
     )
+    rpo_alpha: float = Field(
+        0.0,
+        ge=0,
+        description="α of RPO (Pang et al. 2024; TRL's `rpo_alpha`): adds α times the chosen "
+        "answer's NLL per token to each pair's loss, so the chosen answers' likelihood is held "
+        "up while the margin grows. 0: plain DPO / IPO.",
+    )

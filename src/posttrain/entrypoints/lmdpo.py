@@ -92,7 +92,7 @@ class LMDPOPolicyRole(PolicyRole):
         d = self.config.lmdpo
         pairs = max(1, self.config.rl.micro_batch_size // 2)
         return held_out(self.model, self.reference, batch, pairs, d.loss, d.beta,
-                        d.label_smoothing, self.trainer.forward_context)  # fmt: skip
+                        d.label_smoothing, self.trainer.forward_context, d.rpo_alpha)  # fmt: skip
 
 
 def load_data(config: PosttrainConfig) -> tuple[PairData, PairData | None]:
@@ -151,7 +151,7 @@ def run(
     ensure_model(cfg)
     d = cfg.lmdpo
     builder = functools.partial(make_objective, loss=d.loss, beta=d.beta,
-                                label_smoothing=d.label_smoothing)  # fmt: skip
+                                label_smoothing=d.label_smoothing, rpo_alpha=d.rpo_alpha)  # fmt: skip
 
     def place(run_dir: Path):
         kwargs = {"build_objective_fn": builder}
