@@ -343,7 +343,7 @@ def test_opd_trains_on_multiturn_trajectories(tmp_path, model_dir) -> None:
         "data.prompts_per_step": 2, "rollout.n": 4, "rollout.max_tokens": 6, "rl.max_steps": 2,
         "rl.save_every": 2, "rl.eval_every": 2, "rl.micro_batch_size": 8,
         "logging.progress": False, "env.name": "multiturn_fixtures:chatty", "env.max_turns": 3,
-        "env.max_context": 120,
+        "env.max_context": 120, "rl.distillation_mode": "advantage",
     }  # fmt: skip
     opts = [f"{k}={v}" for k, v in opts.items()]
     config = load_config("opd_arithmetic", ["--", *opts])

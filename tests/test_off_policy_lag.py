@@ -84,8 +84,9 @@ def test_a_lag_with_a_loss_that_reads_no_correction_warns_in_one_line(opts):
     for surrogate in ("clipped", "cispo"):
         extra = (f"rl.grpo_surrogate={surrogate}",)
         assert run_preflight(cfg("placement.backend=ray", "rl.off_policy_lag=1", *extra)) == []
-    # OPD's advantage mode (the default) weights its clipped term like GRPO's.
-    lagged_opd = cfg("placement.backend=ray", "rl.off_policy_lag=1", recipe="opd_arithmetic")
+    # OPD's advantage mode weights its clipped term like GRPO's.
+    lagged_opd = cfg("placement.backend=ray", "rl.off_policy_lag=1",
+                     "rl.distillation_mode=advantage", recipe="opd_arithmetic")  # fmt: skip
     assert lagged_opd.rl.rollout_is_cap == 2.0 and run_preflight(lagged_opd) == []
 
 
@@ -97,7 +98,8 @@ def test_opd_direct_under_a_lag_needs_no_correction_and_gets_no_warning():
     direct = cfg(*lag, "rl.distillation_mode=direct", recipe="opd_arithmetic")
     assert objective_reads(direct).sampler_free
     assert not [w for w in run_preflight(direct) if "rl.off_policy_lag" in w]
-    assert not objective_reads(cfg(*lag, recipe="opd_arithmetic")).sampler_free
+    advantage = cfg(*lag, "rl.distillation_mode=advantage", recipe="opd_arithmetic")
+    assert not objective_reads(advantage).sampler_free
     assert not objective_reads(cfg(*lag, "rl.grpo_surrogate=legacy_pg")).sampler_free
 
 

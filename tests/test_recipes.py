@@ -24,7 +24,7 @@ EXPECTED_WARNINGS = {
     "tools_addition_reset": [],
     "tools_addition_notool_reset": [],
     "arithmetic_clipped": [],
-    "opd_arithmetic": [],
+    "opd_arithmetic": ["rl.distillation_mode=direct: task reward and group advantage"],
     "dpo_shapes": [],
     "sft_tools_tiny": [],
     "sft_smollm2_calculator": [],
@@ -115,7 +115,7 @@ def test_recipes_keep_runs_apart():
 
 def test_opd_arithmetic_distils_into_grpo_s_own_starting_point():
     opd, grpo = load_config("opd_arithmetic"), load_config("arithmetic_clipped")
-    assert opd.job.algorithm == "opd" and opd.rl.distillation_mode == "advantage"
+    assert opd.job.algorithm == "opd" and opd.rl.distillation_mode == "direct"
     assert (opd.model.name_or_path, opd.model.init_preset, opd.job.seed) == (
         grpo.model.name_or_path, grpo.model.init_preset, grpo.job.seed,
     )  # fmt: skip
