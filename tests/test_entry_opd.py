@@ -114,8 +114,9 @@ def test_a_teacher_with_another_tokenizer_stops_before_any_model_loads(tmp_path,
 
 
 def _launch(tmp: Path, models, name: str, steps: int) -> subprocess.Popen:
+    """A run in the advantage mode, whose clipped surrogate's π_old cache resume must restore."""
     opts = opd_opts(tmp, models, **{"job.name": name, "rl.max_steps": steps, "rl.save_every": 2,
-                                    "rl.eval_every": 0})  # fmt: skip
+                                    "rl.eval_every": 0, "rl.distillation_mode": "advantage"})  # fmt: skip
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",

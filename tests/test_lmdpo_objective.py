@@ -173,6 +173,8 @@ def test_held_out_metrics_are_the_means_over_pairs(model, reference):
                    contextlib.nullcontext, rpo_alpha=0.3)  # fmt: skip
     with torch.no_grad():
         want = hand_loss(model, reference, data, "sigmoid", 0.1, 0.0, 0.3).item()
+        nll = torch.stack([-seq_logp(model, c) / sum(c.mask[1:]) for c, _ in data]).mean()
+    assert got["val/nll_loss"] == pytest.approx(nll.item(), rel=1e-5)
     assert got["val/loss"] == pytest.approx(want, rel=1e-5) and got["val/pairs"] == 5
     assert {"val/rewards/chosen", "val/rewards/rejected", "val/rewards/accuracies",
             "val/rewards/margins", "val/logps/chosen", "val/logps/rejected"} <= set(got)  # fmt: skip

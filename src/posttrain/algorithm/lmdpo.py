@@ -4,11 +4,11 @@ Per pair, with sequence log-probs summed over the answer's tokens (TRL's default
 ``Δ = (log π(c) - log π_ref(c)) - (log π(r) - log π_ref(r))`` and the loss is
 ``-(1-ε) log σ(βΔ) - ε log σ(-βΔ)`` (``sigmoid``; ε: ``lmdpo.label_smoothing``) or
 ``(Δ - 1/(2β))²`` (``ipo``; note TRL's IPO divides each log-prob by the answer's length, this
-one does not). ``lmdpo.rpo_alpha`` = α adds RPO's NLL term (Pang et al. 2024), ``α · (-log π(c) / |c|)``
-per pair: the chosen answer's NLL per token, so a pair's term does not depend on its batch-mates
-(TRL's ``[sigmoid, sft]`` averages the NLL over every chosen token of its micro-batch instead;
-the two agree with one pair per micro-batch). It is a TOKEN_SUM objective whose weight is the number of pairs: each chunk
-reports ``(Σ pair losses, pairs)`` and the trainer divides once, so the mean over the step's
+one does not). ``lmdpo.rpo_alpha`` = α adds RPO's NLL term (Pang et al. 2024),
+``α · (-log π(c) / |c|)`` per pair: the chosen answer's NLL per token, so a pair's term does not
+depend on its batch-mates (TRL's ``[sigmoid, sft]`` averages the NLL over every chosen token of
+its micro-batch instead; the two agree with one pair per micro-batch). It is a TOKEN_SUM
+objective whose weight is the number of pairs: each chunk reports ``(Σ pair losses, pairs)`` and the trainer divides once, so the mean over the step's
 pairs is exact under any micro-batch or token-budget split that keeps each pair whole (a pair is
 a group; a chunk holding half a pair is refused). The reference's per-token log-probs arrive in
 the batch's ``REFERENCE_COLUMN``, scored once per step under no_grad by the entry's policy role
@@ -92,7 +92,7 @@ def pair_losses(
         )
     else:
         per_pair = (delta - 1 / (2 * beta)) ** 2
-    nll = -policy[:, 0] / lengths[:, 0].to(policy.dtype)
+    nll = -policy[:, 0] / lengths[:, 0].clamp_min(1).to(policy.dtype)
     if rpo_alpha:
         per_pair = per_pair + rpo_alpha * nll
     rewards = beta * ratio.detach()
@@ -152,7 +152,7 @@ def make_objective(
         return per_pair.sum() / weight, {OBJECTIVE_WEIGHT_SUM: weight, **means}
 
     identity = {"lmdpo_loss": loss, "beta": beta, "label_smoothing": smoothing}
-    if alpha:  # absent at 0, so the identities of runs from before the knob stay as they were
+    if alpha:  # absent at 0: a plain-DPO run's identity reads as it did before the knob
         identity["rpo_alpha"] = alpha
     return Objective(fn, Reduction.TOKEN_SUM, LMDPO_METRICS, identity=identity)
 

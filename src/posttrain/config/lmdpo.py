@@ -66,7 +66,8 @@ class LMDPOConfig(Section):
     rpo_alpha: float = Field(
         0.0,
         ge=0,
-        description="α of RPO (Pang et al. 2024; TRL's `rpo_alpha`): adds α times the chosen "
-        "answer's NLL per token to each pair's loss, so the chosen answers' likelihood is held "
-        "up while the margin grows. 0: plain DPO / IPO.",
+        description="α of RPO (Pang et al. 2024): adds α times the chosen answer's NLL per token "
+        "to each pair's loss, so the chosen answers' likelihood is held up while the margin "
+        "grows (TRL's `rpo_alpha` averages the NLL over the micro-batch's chosen tokens "
+        "instead). 0: plain DPO / IPO.",
     )

@@ -151,7 +151,8 @@ def run(
     ensure_model(cfg)
     d = cfg.lmdpo
     builder = functools.partial(make_objective, loss=d.loss, beta=d.beta,
-                                label_smoothing=d.label_smoothing, rpo_alpha=d.rpo_alpha)  # fmt: skip
+                                label_smoothing=d.label_smoothing,
+                                rpo_alpha=d.rpo_alpha)  # fmt: skip
 
     def place(run_dir: Path):
         kwargs = {"build_objective_fn": builder}
