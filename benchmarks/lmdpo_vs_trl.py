@@ -48,7 +48,13 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import DPOConfig, DPOTrainer
 
-from posttrain.algorithm.lmdpo import NAMES, make_objective, pair_losses, sequence_logps
+from posttrain.algorithm.lmdpo import (
+    NAMES,
+    answer_lengths,
+    make_objective,
+    pair_losses,
+    sequence_logps,
+)
 from posttrain.algorithm.primitives.objective import REFERENCE_COLUMN
 from posttrain.data.lmdpo import collate_pairs, load_pairs
 from posttrain.data.logprobs import response_logprobs
@@ -113,7 +119,7 @@ def ours(policy, reference, data, pad_id: int, loss: str, beta: float, eps: floa
     objective = make_objective(None, None, loss=loss, beta=beta, label_smoothing=eps, rpo_alpha=rpo)
     value, metrics = objective(policy, batch)
     if norm:  # the same blocks, each sequence log-prob divided by its answer's token count
-        lengths = sequence_logps(batch.response_mask.to(torch.float32), batch)
+        lengths = answer_lengths(batch)
         pol = sequence_logps(response_logprobs(policy, batch), batch) / lengths
         ref = sequence_logps(batch.columns[REFERENCE_COLUMN], batch) / lengths
         value = pair_losses(pol, ref, loss, beta, eps, lengths)[0].mean()

@@ -8,9 +8,10 @@ one does not). ``lmdpo.rpo_alpha`` = α adds RPO's NLL term (Pang et al. 2024),
 ``α · (-log π(c) / |c|)`` per pair: the chosen answer's NLL per token, so a pair's term does not
 depend on its batch-mates (TRL's ``[sigmoid, sft]`` averages the NLL over every chosen token of
 its micro-batch instead; the two agree with one pair per micro-batch). It is a TOKEN_SUM
-objective whose weight is the number of pairs: each chunk reports ``(Σ pair losses, pairs)`` and the trainer divides once, so the mean over the step's
-pairs is exact under any micro-batch or token-budget split that keeps each pair whole (a pair is
-a group; a chunk holding half a pair is refused). The reference's per-token log-probs arrive in
+objective whose weight is the number of pairs: each chunk reports ``(Σ pair losses, pairs)`` and
+the trainer divides once, so the mean over the step's pairs is exact under any micro-batch or
+token-budget split that keeps each pair whole (a pair is a group; a chunk holding half a pair is
+refused). The reference's per-token log-probs arrive in
 the batch's ``REFERENCE_COLUMN``, scored once per step under no_grad by the entry's policy role
 (the frozen base; for LoRA the policy with its adapters off).
 """

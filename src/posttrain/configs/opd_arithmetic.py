@@ -5,8 +5,9 @@ trains it first when it is missing). Student: the same freshly initialised ``ari
 GRPO starts from (same directory, same seed), so the two runs differ only in the training signal.
 Data, sampling and optimiser follow ``arithmetic_clipped`` except the learning rate, 3e-3 instead
 of 1e-3 (measured: at 1e-3 the advantage mode reaches 0.65 held-out in 500 steps, at 3e-3 0.9 by
-step 375; the direct mode reaches 0.9 at either rate); there is no KL anchor and no shaping reward: the teacher's log-probs are the signal. The reward stage still
-scores every sample, so ``train/reward_accuracy`` and held-out accuracy are comparable with GRPO.
+step 375; the direct mode reaches 0.9 at either rate); there is no KL anchor and no shaping
+reward: the teacher's log-probs are the signal. The reward stage still scores every sample, so
+``train/reward_accuracy`` and held-out accuracy are comparable with GRPO.
 
 The loss is the direct reverse KL over the whole next-token distribution
 (``rl.distillation_mode=direct``; the 22-token vocabulary makes the default ``teacher.top_k``
