@@ -16,8 +16,10 @@ SFT = ["job.algorithm=sft", "sft.train_path=rows.jsonl"]
 
 CASES: list[Case] = [
     ("sft_needs_train_path", ["job.algorithm=sft"], "sft.train_path is not set", SFT),
-    ("sft_unsharded_policy", [*SFT, "placement.backend=ray", "placement.policy_sharding=fsdp"],
-     "the SFT entry trains one unsharded policy rank", [*SFT, "placement.backend=ray"]),
+    ("sft_rows_cover_ranks",
+     [*SFT, "sft.rows_per_step=3", "placement.backend=ray", "placement.policy_ranks=4"],
+     "sft.rows_per_step=3 gives some of placement.policy_ranks=4 no row",
+     [*SFT, "sft.rows_per_step=4", "placement.backend=ray", "placement.policy_ranks=4"]),
     ("packing_needs_token_sum", [*SFT, "sft.packing=true", "sft.loss_reduction=sequence_mean"],
      "sft.packing=true with sft.loss_reduction=sequence_mean", [*SFT, "sft.packing=true"]),
 ]  # fmt: skip

@@ -213,8 +213,8 @@ def _cli(capsys, *argv) -> tuple[int, str]:
         (["rollout.n=8"], "rollout.n=8 is never read by job.algorithm=sft (SFT trains offline"),
         (["rl.kl_beta=0.1"], "rl.kl_beta=0.1 is never read by job.algorithm=sft"),
         (["sft.train_path=@default"], "sft.train_path is not set"),
-        (["placement.backend=ray", "placement.policy_sharding=fsdp"],
-         "the SFT entry trains one unsharded policy rank"),
+        (["sft.rows_per_step=2", "placement.backend=ray", "placement.policy_ranks=3"],
+         "sft.rows_per_step=2 gives some of placement.policy_ranks=3 no row"),
         (["job.algorithm=grpo"], "job.algorithm=grpo is a GRPO-family algorithm (online RL), "
          "which `posttrain sft` does not train"),
     ],
@@ -238,6 +238,17 @@ def test_a_bad_row_stops_the_run_before_anything_is_written(tmp_path, capsys):
     code, err = _cli(capsys, "config", "show", "--config", "sft_tools_tiny", "--",
                      *opts_for(tmp_path, "x", **{"sft.train_path": bad}))  # fmt: skip
     assert code == 2 and f"{bad}:6: no assistant turn" in err
+
+
+def test_fewer_held_out_rows_than_ranks_is_one_line_before_ray_starts(tmp_path, capsys):
+    val = tmp_path / "one.jsonl"
+    val.write_text((REPO / DATA / "val.jsonl").read_text().splitlines(True)[0])
+    extra = {"sft.val_path": val, "placement.backend": "ray", "placement.policy_ranks": 2}
+    code, err = _cli(capsys, "sft", "--config", "sft_tools_tiny", "--",
+                     *opts_for(tmp_path, "x", **extra))  # fmt: skip
+    assert code == 2 and "\n" not in err, err
+    assert f"{val} has 1 held-out rows, fewer than placement.policy_ranks=2" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_online_entry_refuses_the_sft_recipe(capsys):

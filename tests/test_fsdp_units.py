@@ -79,3 +79,37 @@ def test_fsdp_without_ray_is_refused_by_preflight_in_one_line():
     with pytest.raises(PreflightError) as info:
         run_preflight(cfg(["placement.policy_sharding=fsdp"]))
     assert message in info.value.violations and "\n" not in str(info.value)
+
+
+def test_a_sharded_model_scores_through_its_root_forward(tmp_path):
+    """The head-in-chunks and head-at-trained-tokens paths call the decoder and the head
+    directly; on an FSDP root that would meet bare shards (the root's forward gathers the
+    embeddings and head), so a sharded model scores through its own forward: the same values
+    as the unsharded model (one gloo rank)."""
+    import copy
+
+    import torch.distributed as dist
+
+    from posttrain.data.logprobs import masked_response_logprobs, response_logprobs
+    from posttrain.model.tiny import tiny_config
+
+    transformers = pytest.importorskip("transformers")
+    from conftest import random_batch
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(tiny_config("tiny")).eval()
+    batch = random_batch(seed=3, b=4, vocab=model.config.vocab_size)
+    want = response_logprobs(model, batch)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0,
+                            world_size=1)  # fmt: skip
+    try:
+        sharded = copy.deepcopy(model)
+        sh.shard_model(sharded, "float32")
+        with torch.no_grad():
+            chunked = response_logprobs(sharded, batch, chunk_elements=1)  # would chunk the head
+            masked = masked_response_logprobs(sharded, batch)
+    finally:
+        dist.destroy_process_group()
+    assert torch.allclose(chunked, want, atol=1e-6, rtol=0)
+    mask = batch.response_mask
+    assert torch.allclose(masked[mask], want[mask], atol=1e-6) and not masked[~mask].any()

@@ -44,6 +44,23 @@ def test_each_rank_trains_its_share_of_every_global_mini_batch(case):
         assert all(per_rank_minis[r][k] for r in range(ranks))  # every rank has rows in it
 
 
+@given(st.integers(1, 4), st.lists(st.integers(0, 6), min_size=1, max_size=30))
+def test_whole_groups_are_never_cut(ranks, ids):
+    """``whole_groups``: every group lies on one rank, the ranks cover every row once, and
+    their numbers of groups differ by at most one."""
+    groups = len(set(ids))
+    if groups < ranks:
+        with pytest.raises(ValueError, match=f"cannot give each of {ranks}"):
+            rank_rows(len(ids), ranks, 1, ids, whole_groups=True)
+        return
+    shards = rank_rows(len(ids), ranks, 1, ids, whole_groups=True)
+    assert sorted(i for s in shards for i in s) == list(range(len(ids)))
+    owner = {ids[i]: r for r, s in enumerate(shards) for i in s}
+    assert all(owner[ids[i]] == r for r, s in enumerate(shards) for i in s)
+    counts = [len({ids[i] for i in s}) for s in shards]
+    assert max(counts) - min(counts) <= 1
+
+
 def test_rank_rows_worked_example():
     # 10 rows, 2 mini-batches of 5, 2 ranks: rank 0 takes 3 of each, rank 1 takes 2.
     assert rank_rows(10, 2, 2) == [[0, 1, 2, 5, 6, 7], [3, 4, 8, 9]]

@@ -5,13 +5,19 @@ share a prefix (encoded once: the batch's prompt) or not; the head runs at train
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
-from posttrain.algorithm.sft import held_out, make_objective
+from posttrain.algorithm.sft import (
+    HELD_OUT_SUMS,
+    held_out_metrics,
+    held_out_sums,
+    make_objective,
+)
 from posttrain.data.logprobs import masked_response_logprobs, response_logits, response_logprobs
 from posttrain.data.sft import SFTRow, collate, collate_packed, common_prefix, pack
 from posttrain.model.tiny import tiny_config
@@ -122,6 +128,14 @@ def test_masked_logprobs_equal_the_full_ones_at_the_mask(model, chunk_elements):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
+def held_out(model, batch, rows: int) -> dict[str, float]:
+    """The held-out metrics as the SFT role computes them (the trainer's chunked sums)."""
+    trainer = LLMTrainer(model, make_objective(None, None), lr=1.0, micro_batch_size=rows,
+                         optimizer="sgd")  # fmt: skip
+    score = functools.partial(held_out_sums, model)
+    return held_out_metrics(trainer.held_out_sums(batch, rows, score, HELD_OUT_SUMS))
+
+
 def test_held_out_loss_and_token_accuracy(model):
     data = rows(seed=3, n=4)
     metrics = held_out(model, collate(data, pad_id=0), rows=3)
@@ -176,3 +190,18 @@ def test_packing_is_first_fit_longest_first_within_the_budget():
     assert sorted(i for b in bins for i in b) == list(range(8))
     assert all(sum(len(data[i].ids) for i in b) <= 20 for b in bins)
     assert bins == pack(data, max_tokens=20)
+
+
+def test_packing_keeps_a_sequence_for_every_rank():
+    """``min_bins``: the fullest bin gives its last row a bin of its own until there are enough
+    (one sequence per policy rank); every row still packed once, within the budget."""
+    data = rows(seed=6, n=8)
+    one = pack(data, max_tokens=1000)
+    assert len(one) == 1
+    for ranks in (2, 3, 8):
+        bins = pack(data, max_tokens=1000, min_bins=ranks)
+        assert len(bins) == ranks and sorted(i for b in bins for i in b) == list(range(8))
+        assert bins[0] == one[0][: len(bins[0])]  # rows leave the fullest bin from its end
+    assert pack(data, max_tokens=20, min_bins=2) == pack(data, max_tokens=20)  # enough already
+    with pytest.raises(ValueError, match="cannot pack 8 rows into at least 9 sequences"):
+        pack(data, max_tokens=1000, min_bins=9)

@@ -53,23 +53,30 @@ def make_objective(rl: Any, context: Any, reduction: SFTReduction = "token_sum")
     return Objective(fn, Reduction.TOKEN_SUM, SFT_METRICS, identity={"sft_reduction": reduction})
 
 
+#: What each held-out chunk adds up; summed over chunks and ranks, then divided once.
+HELD_OUT_SUMS = ("nll", "correct", "tokens")
+
+
 @torch.no_grad()
-def held_out(model: nn.Module, batch: TrajectoryBatch, rows: int) -> dict[str, float]:
+def held_out_sums(model: nn.Module, part: TrajectoryBatch) -> dict[str, float]:
+    """One chunk's :data:`HELD_OUT_SUMS`: the assistant tokens' summed negative log-likelihood,
+    how many of them are the argmax, and how many there are."""
+    logits = response_logits(model, part)
+    target, mask = part.response_ids, part.response_mask
+    logp = token_logprobs(logits, target)
+    return {
+        "nll": -float(logp[mask].double().sum()),
+        "correct": float((logits.argmax(-1) == target)[mask].sum()),
+        "tokens": float(mask.sum()),
+    }
+
+
+def held_out_metrics(sums: dict[str, float]) -> dict[str, float]:
     """Held-out loss (mean negative log-likelihood per assistant token) and token accuracy
-    (the share of assistant tokens that are the argmax), ``rows`` rows per forward."""
-    device = next(model.parameters()).device
-    nll = correct = tokens = 0.0
-    was_training = model.training
-    model.eval()
-    try:
-        for s in range(0, len(batch), rows):
-            part = batch[list(range(s, min(s + rows, len(batch))))].to(device)
-            logits = response_logits(model, part)
-            target, mask = part.response_ids, part.response_mask
-            logp = token_logprobs(logits, target)
-            nll -= float(logp[mask].double().sum())
-            correct += float((logits.argmax(-1) == target)[mask].sum())
-            tokens += float(mask.sum())
-    finally:
-        model.train(was_training)
-    return {"val/loss": nll / tokens, "val/token_accuracy": correct / tokens, "val/tokens": tokens}
+    (the share of assistant tokens that are the argmax) from the whole set's sums."""
+    tokens = sums["tokens"]
+    return {
+        "val/loss": sums["nll"] / tokens,
+        "val/token_accuracy": sums["correct"] / tokens,
+        "val/tokens": tokens,
+    }

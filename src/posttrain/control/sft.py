@@ -1,4 +1,4 @@
-"""Preflight for supervised fine-tuning: its data file, and the placements it runs on. (What it
+"""Preflight for supervised fine-tuning: its data file, its batch shape. (What it
 refuses as a policy-only entry, and that only SFT reads the ``sft`` section, is derived from the
 entry registry: ``control/entries.py``.)"""
 
@@ -19,14 +19,16 @@ def sft_needs_train_path(cfg: PosttrainConfig) -> str | None:
     )
 
 
-@error("job.algorithm", "placement.policy_sharding")
-def sft_unsharded_policy(cfg: PosttrainConfig) -> str | None:
-    """The SFT entry places one replicated policy process; FSDP sharding is not wired for it."""
-    if objective_family(cfg) != "sft" or cfg.placement.policy_sharding == "none":
+@error("job.algorithm", "sft.rows_per_step", "placement.policy_ranks")
+def sft_rows_cover_ranks(cfg: PosttrainConfig) -> str | None:
+    """Each policy rank trains on its share of every step's rows, so a step needs a row for
+    each (a packed step keeps one sequence per rank: ``data/sft.py``'s ``pack``)."""
+    ranks = cfg.placement.policy_ranks
+    if objective_family(cfg) != "sft" or cfg.sft.rows_per_step >= ranks:
         return None
     return (
-        f"placement.policy_sharding={cfg.placement.policy_sharding}: the SFT entry trains one "
-        "unsharded policy rank; set placement.policy_sharding=none"
+        f"sft.rows_per_step={cfg.sft.rows_per_step} gives some of placement.policy_ranks="
+        f"{ranks} no row; raise sft.rows_per_step to at least {ranks} or lower policy_ranks"
     )
 
 
@@ -42,4 +44,4 @@ def packing_needs_token_sum(cfg: PosttrainConfig) -> str | None:
     )
 
 
-RULES = (sft_needs_train_path, sft_unsharded_policy, packing_needs_token_sum)
+RULES = (sft_needs_train_path, sft_rows_cover_ranks, packing_needs_token_sum)

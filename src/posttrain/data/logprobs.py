@@ -193,7 +193,7 @@ def response_logprobs(
     """``[B, R]`` logprobs of each response token given everything before it.
 
     When the response logits would exceed ``chunk_elements`` and the model's head is a plain
-    linear layer, the decoder runs once and the head + log-softmax run per chunk of rows under
+    linear layer (and not FSDP-sharded), the decoder runs once and the head + log-softmax run per chunk of rows under
     activation checkpointing: the full-vocab logits (and their float32 copy) never exist for the
     whole batch at once.
     """
@@ -208,8 +208,9 @@ def masked_response_logprobs(
     For a loss that reads a few positions of each row (SFT's assistant tokens, a sixth of a
     tool-use row) the head and log-softmax run at those positions only: the vocabulary-wide
     logits, most of a small model's step, shrink with the mask. Exact: the positions left out
-    carry no gradient in such a loss. A head that is not a plain linear layer scores every
-    position (:func:`response_logprobs`) and zeroes the rest.
+    carry no gradient in such a loss. A head that is not a plain linear layer, or a model
+    FSDP-sharded at its root (whose forward must gather the head), scores every position
+    (:func:`response_logprobs`) and zeroes the rest.
     """
     head = _plain_head(model)
     if head is None:
@@ -298,6 +299,15 @@ def _head_scores(hidden, weight, bias, targets, *, temperature, entropy):
     return _score(F.linear(hidden, weight, bias), targets, temperature, entropy)
 
 
+def _fsdp_root(model: nn.Module) -> bool:
+    """Whether ``model`` is FSDP-sharded at its root (``trainer/sharding.py``): the parameters
+    outside the decoder layers (embeddings, final norm, head) are gathered by the root's own
+    forward, so calling its decoder or head directly would meet bare shards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
 def _plain_head(model: nn.Module) -> nn.Linear | None:
     """The output layer when logits are exactly ``head(decoder(x).last_hidden_state)``."""
     get_head, get_decoder = (
@@ -305,6 +315,8 @@ def _plain_head(model: nn.Module) -> nn.Linear | None:
     )
     if get_head is None or get_decoder is None or hasattr(model, "_orig_mod"):
         return None  # a torch.compile wrapper owns the whole forward; don't bypass it
+    if _fsdp_root(model):  # its forward gathers the embeddings and head; don't bypass it
+        return None
     config = getattr(model, "config", None)
     if any(getattr(config, a, None) not in (None, 1, 1.0) for a in _HEAD_MODIFIERS):
         return None

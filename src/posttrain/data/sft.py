@@ -282,9 +282,14 @@ def collate(rows: Sequence[SFTRow], pad_id: int) -> TrajectoryBatch:
     return TrajectoryBatch(ids, attention, loss, group_ids=index, sample_ids=index.clone())
 
 
-def pack(rows: Sequence[SFTRow], max_tokens: int) -> list[list[int]]:
+def pack(rows: Sequence[SFTRow], max_tokens: int, min_bins: int = 1) -> list[list[int]]:
     """Row indices per packed sequence of at most ``max_tokens`` tokens: first fit, longest
-    rows first (ties by index), so the packing is a function of the rows alone."""
+    rows first (ties by index), so the packing is a function of the rows alone. At least
+    ``min_bins`` sequences (one per policy rank, so that each rank gets one; at most
+    ``len(rows)``): while there are fewer, the bin with the most rows (the first of those)
+    gives its last row a bin of its own."""
+    if not 1 <= min_bins <= len(rows):
+        raise ValueError(f"cannot pack {len(rows)} rows into at least {min_bins} sequences")
     order = sorted(range(len(rows)), key=lambda i: (-len(rows[i].ids), i))
     bins: list[list[int]] = []
     room: list[int] = []
@@ -297,6 +302,9 @@ def pack(rows: Sequence[SFTRow], max_tokens: int) -> list[list[int]]:
         else:
             bins[k].append(i)
             room[k] -= n
+    while len(bins) < min_bins:
+        k = max(range(len(bins)), key=lambda k: (len(bins[k]), -k))
+        bins.append([bins[k].pop()])
     return bins
 
 

@@ -112,7 +112,7 @@ ENTRIES: tuple[Entry, ...] = (
                       "model.init_preset", "model.lora_rank", "model.lora_alpha",
                       "model.lora_target_modules", "rl.micro_batch_tokens"),
         refused_note="SFT trains offline on sft.train_path", sections=("sft",),
-        rules="posttrain.control.sft", max_policy_ranks=1, objective_flag=False,
+        rules="posttrain.control.sft", objective_flag=False,
         data_keys=("sft.train_path", "sft.val_path"),
         data_fix="point it at a JSONL file of chat rows (docs/guides/sft.md)",
         data_check="posttrain.entrypoints.sft:check_data",

@@ -14,6 +14,7 @@ the lock, admission, resume, signals, records and the final export, as for every
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
@@ -22,8 +23,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.algorithm.sft import held_out, make_objective
-from posttrain.config import PosttrainConfig
+from posttrain.algorithm.sft import (
+    HELD_OUT_SUMS,
+    held_out_metrics,
+    held_out_sums,
+    make_objective,
+)
+from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.control.entries import refuse_unread_overrides
 from posttrain.data.order import step_indices
 from posttrain.data.sft import SFTData, collate, collate_packed, load_sft, pack
@@ -45,10 +51,15 @@ SHOWN = {"loss": "train/loss", "val_loss": "val/loss", "val_acc": "val/token_acc
 
 class SFTPolicyRole(PolicyRole):
     """The policy role of every online entry, plus the held-out loss and token accuracy (the
-    role holds the weights, so it scores them; a Ray actor hosts the same class)."""
+    role holds the weights, so it scores them; a Ray actor hosts the same class). On several
+    ranks each scores its share of the held-out rows and the sums are taken over ranks."""
 
     def evaluate(self, batch) -> dict[str, float]:
-        return held_out(self.model, batch, self.config.rl.micro_batch_size)
+        score = functools.partial(held_out_sums, self.model)
+        rows = self.config.rl.micro_batch_size
+        # The float32 master weights, without the update's bf16 autocast (docs/guides/sft.md).
+        sums = self.trainer.held_out_sums(batch, rows, score, HELD_OUT_SUMS, contextlib.nullcontext)
+        return held_out_metrics(sums)
 
 
 def _tokenizer(config: PosttrainConfig):
@@ -72,6 +83,12 @@ def load_data(config: PosttrainConfig) -> tuple[SFTData, SFTData | None]:
     tokenizer = _tokenizer(config)
     train = load_sft(s.train_path, tokenizer, s.max_tokens, s.truncation)
     val = load_sft(s.val_path, tokenizer, s.max_tokens, s.truncation) if s.val_path else None
+    ranks = config.placement.policy_ranks
+    if val is not None and len(val.rows) < ranks:  # each rank scores a share of them
+        raise ConfigError(
+            f"{s.val_path} has {len(val.rows)} held-out rows, fewer than placement.policy_ranks="
+            f"{ranks}; add rows or lower policy_ranks"
+        )
     return train, val
 
 
@@ -147,7 +164,8 @@ class SFTBody:
         rows = step_indices(len(self.train.rows), c.job.seed, step, c.sft.rows_per_step)
         chosen = [self.train.rows[i] for i in rows.tolist()]
         if c.sft.packing:
-            batch = collate_packed(chosen, pack(chosen, c.sft.max_tokens), self.pad)
+            bins = pack(chosen, c.sft.max_tokens, c.placement.policy_ranks)  # one a rank
+            batch = collate_packed(chosen, bins, self.pad)
         else:
             batch = collate(chosen, self.pad)
         record = dict(self.policy.train(batch))

@@ -26,9 +26,15 @@ from posttrain.trainer.accumulate import group_order, split_evenly
 
 
 def rank_rows(
-    rows: int, ranks: int, mini_batches: int, group_ids: Sequence[int] | None = None
+    rows: int,
+    ranks: int,
+    mini_batches: int,
+    group_ids: Sequence[int] | None = None,
+    whole_groups: bool = False,
 ) -> list[list[int]]:
-    """Row indices of every rank's shard (see the module docstring for why this order)."""
+    """Row indices of every rank's shard (see the module docstring for why this order).
+    ``whole_groups``: the groups of ``group_ids`` (each within one mini-batch), not the rows,
+    are shared out, so no group is cut (a DPO pair, a held-out set)."""
     if ranks < 1 or mini_batches < 1:
         raise ValueError(f"need ranks >= 1 and mini_batches >= 1, got {ranks}, {mini_batches}")
     if rows < ranks * mini_batches:
@@ -42,16 +48,38 @@ def rank_rows(
         idx = list(range(mini.start, mini.stop))
         if group_ids is not None:
             idx = [idx[i] for i in group_order([group_ids[j] for j in idx])]
-        for rank, part in enumerate(split_evenly(len(idx), ranks)):
-            shards[rank].extend(idx[part])
+        units = (
+            _runs([group_ids[j] for j in idx]) if whole_groups else [[i] for i in range(len(idx))]
+        )
+        if len(units) < ranks:
+            raise ValueError(f"{len(units)} groups cannot give each of {ranks} ranks one")
+        for rank, part in enumerate(split_evenly(len(units), ranks)):
+            shards[rank].extend(idx[i] for unit in units[part] for i in unit)
     return shards
 
 
+def _runs(ids: Sequence[int]) -> list[list[int]]:
+    """Positions of ``ids`` in runs of equal values (each group's rows, brought together)."""
+    runs: list[list[int]] = []
+    for i, g in enumerate(ids):
+        if runs and ids[runs[-1][0]] == g:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
 def shard_batch(
-    batch: TrajectoryBatch, ranks: int, mini_batches: int, keep_groups: bool = False
+    batch: TrajectoryBatch,
+    ranks: int,
+    mini_batches: int,
+    keep_groups: bool = False,
+    whole_groups: bool = False,
 ) -> list[TrajectoryBatch]:
-    """Every rank's rows of ``batch``; one rank gets the batch itself."""
+    """Every rank's rows of ``batch``; one rank gets the batch itself. ``keep_groups``: each
+    mini-batch's groups brought together (a rank's part cuts at most the groups at its ends);
+    ``whole_groups``: none cut."""
     if ranks == 1:
         return [batch]
-    groups = batch.group_ids.tolist() if keep_groups else None
-    return [batch[idx] for idx in rank_rows(len(batch), ranks, mini_batches, groups)]
+    groups = batch.group_ids.tolist() if keep_groups or whole_groups else None
+    return [batch[idx] for idx in rank_rows(len(batch), ranks, mini_batches, groups, whole_groups)]

@@ -1,19 +1,24 @@
-"""Policy-only placement (no rollout, no reward): one policy role, in-process or as one Ray actor.
+"""Policy-only placement (no rollout, no reward): one policy role, in-process or as Ray actors.
 
 The offline entries (Diffusion DPO's UNet role, SFT's language-model role) train a policy on a
 fixed data set; the role owns its model, trainer and checkpoints. ``placement.backend=ray``
-hosts the very same class in a Ray actor (``ray_host.PolicyHost``), which resolves the config
-from ``config_path`` + ``opts`` in its own process, so both placements compute the same numbers.
+hosts the very same class in a Ray actor (``ray_host.PolicyHost``) per policy rank, which
+resolves the config from ``config_path`` + ``opts`` in its own process, so both placements compute
+the same numbers; several ranks (``placement.policy_ranks``, replicated or FSDP-sharded) share
+each batch out as the online entries' policy ranks do (``placement/dispatch.py``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from posttrain.config import PosttrainConfig, to_dict
 from posttrain.placement.threads import set_torch_threads
+
+log = logging.getLogger("posttrain")
 
 
 class LocalPolicy:
@@ -26,8 +31,10 @@ class LocalPolicy:
         pass
 
 
-class RayPolicy:
-    """The role in one Ray actor, behind the same methods."""
+class RayPolicyOnly:
+    """The role's ranks as Ray actors (``placement.policy_ranks`` of them, one
+    ``torch.distributed`` group when there are several or they are sharded), behind the
+    methods of one role (``placement.ray.RayPolicy``)."""
 
     def __init__(self, actors, policy, owns_ray: bool) -> None:
         self.actors, self.policy, self.owns_ray = actors, policy, owns_ray
@@ -55,36 +62,47 @@ def place_policy_only(
     return _place_ray(config, config_path, opts, role_cls, kwargs, run_dir)
 
 
-def _place_ray(config, config_path, opts, role_cls, kwargs, run_dir) -> RayPolicy:
+def _place_ray(config, config_path, opts, role_cls, kwargs, run_dir) -> RayPolicyOnly:
     from posttrain.placement.ray import (
         START_TIMEOUT_S,
+        RayPolicy,
         check_serialisable,
         check_worker_configs,
         connect,
         host_actor,
+        policy_group,
         release,
     )
-    from posttrain.placement.ray_actors import ActorGroup, RemoteRole
+    from posttrain.placement.ray_actors import ActorGroup
     from posttrain.placement.ray_host import PolicyHost
 
     for value in kwargs.values():
         if callable(value):
             check_serialisable(value)
     pc = config.placement
-    owns_ray = connect(pc, actors=1, model_actors=1)
+    ranks, sharded = pc.policy_ranks, pc.policy_sharding == "fsdp"
+    owns_ray = connect(pc, actors=ranks, model_actors=ranks)
     run_dir = str(Path(run_dir).resolve())
     device = "cuda" if pc.gpus_per_role > 0 else None
     actors = ActorGroup(checkpoints=str(Path(run_dir) / "checkpoints"),
                         call_timeout_s=pc.role_call_timeout_s)  # fmt: skip
-    name = "policy rank 0"
+    names = [f"policy rank {r}" for r in range(ranks)]
     try:
-        actors.handles[name] = host_actor(pc, PolicyHost, pc.gpus_per_role)
-        start = actors.handles[name].start.remote(
-            role_cls, config_path, list(opts), {**kwargs, "run_dir": run_dir, "device": device}
-        )
-        resolved = actors.gather([(name, start)], START_TIMEOUT_S)[0]
-        check_worker_configs(to_dict(config), {name: resolved})
+        for name in names:
+            actors.handles[name] = host_actor(pc, PolicyHost, pc.gpus_per_role)
+        group = policy_group(actors, ranks, "nccl" if device else "gloo", sharded)
+        kw = {**kwargs, "run_dir": run_dir, "device": device}
+        starts = [
+            (name, actors.handles[name].start.remote(role_cls, config_path, list(opts), kw, spec))
+            for name, spec in zip(names, group, strict=True)
+        ]
+        resolved = actors.gather(starts, START_TIMEOUT_S)
+        check_worker_configs(to_dict(config), dict(zip(names, resolved, strict=True)))
     except BaseException:
         release(actors, owns_ray)
         raise
-    return RayPolicy(actors, RemoteRole(actors, name), owns_ray)
+    how = "FSDP-sharded" if sharded else "replicated"
+    log.info("placement: Ray, policy on %d actor(s) (%s); %d torch thread(s) per actor",
+             ranks, how, pc.torch_threads_per_process)  # fmt: skip
+    policy = RayPolicy(actors, ranks, config.rl.mini_batch_per_replica, sharded)
+    return RayPolicyOnly(actors, policy, owns_ray)

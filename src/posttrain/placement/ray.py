@@ -94,6 +94,19 @@ class RayPolicy:
     def save(self, step: int, data_state) -> str:
         return self._all("save", [(step, data_state)] * len(self.names))[0]
 
+    def __getattr__(self, method: str):
+        """Any other method of the role (Diffusion DPO's ``sample``): every rank runs it with
+        the same arguments (a sharded forward needs them all), rank 0 answers."""
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return lambda *args: self._all(method, [args] * len(self.names))[0]
+
+    def evaluate(self, batch) -> dict[str, float]:
+        """A policy-only entry's held-out scores: each rank scores its share of the rows (whole
+        groups) and sums over ranks (``LLMTrainer.held_out_sums``); rank 0 speaks."""
+        shards = shard_batch(batch, len(self.names), 1, whole_groups=True)
+        return self._all("evaluate", [(s,) for s in shards])[0]
+
 
 #: How long closing waits for the roles to end their own processes before the actors are killed.
 _CLOSE_S = 30.0
@@ -236,16 +249,9 @@ def _start_roles(
     actors, config_path, opts, builder, run_dir, ranks, device, backend, specs, sharded
 ):
     h = actors.handles
-    group = []
-    if ranks > 1 or sharded:  # FSDP needs a process group, even of one rank
-        address, port = actors.gather(
-            [("policy rank 0", h["policy rank 0"].rendezvous.remote())], START_TIMEOUT_S
-        )[0]
-        group = [GroupSpec(backend, address, port, r, ranks, GROUP_TIMEOUT_S) for r in range(ranks)]
     calls = []
-    for r in range(ranks):
+    for r, spec in enumerate(policy_group(actors, ranks, backend, sharded)):
         name = f"policy rank {r}"
-        spec = group[r] if group else None
         kwargs = {"build_objective_fn": builder, "run_dir": run_dir, "device": device}
         calls.append((name, h[name].start.remote(PolicyRole, config_path, opts, kwargs, spec)))
     calls.append(("rollout", h["rollout"].start.remote(RolloutRole, config_path, opts,
@@ -255,6 +261,18 @@ def _start_roles(
         kwargs = {"device": s.device(device)}
         calls.append((s.name, h[s.name].start.remote(s.build, config_path, opts, kwargs)))
     return calls
+
+
+def policy_group(actors: ActorGroup, ranks: int, backend: str, sharded: bool) -> list:
+    """Each policy rank's ``torch.distributed`` group (``GroupSpec``; ``[None]`` for one
+    unsharded rank, which needs none; FSDP needs a group even of one rank). Rank 0's actor
+    picks the rendezvous address."""
+    if ranks == 1 and not sharded:
+        return [None]
+    first = actors.handles["policy rank 0"]
+    call = [("policy rank 0", first.rendezvous.remote())]
+    address, port = actors.gather(call, START_TIMEOUT_S)[0]
+    return [GroupSpec(backend, address, port, r, ranks, GROUP_TIMEOUT_S) for r in range(ranks)]
 
 
 def check_serialisable(fn: ObjectiveBuilder) -> None:

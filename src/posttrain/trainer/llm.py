@@ -20,7 +20,7 @@ reference, π_old capture): each distinct prompt of a micro-batch is encoded onc
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -170,6 +170,39 @@ class LLMTrainer(Trainer):
                     cache.score(self.forward_model, ghost_rows([], collected))
         if self.certified_deterministic_forward and len(collected):
             self._verify_deterministic(collected[0 : min(self.micro_batch_size, len(collected))])
+
+    @torch.no_grad()
+    def held_out_sums(
+        self,
+        batch: TrajectoryBatch,
+        rows: int,
+        score: Callable[[TrajectoryBatch], dict[str, float]],
+        names: Sequence[str],
+        context: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ) -> dict[str, float]:
+        """``score``'s sums (``names``) over ``batch`` in chunks of ``rows`` rows, summed over
+        the policy ranks: each rank scores its own share of the held-out rows and the sums make
+        every rank's result the whole set's. Eval mode, on this trainer's device, in
+        ``context`` (default :meth:`forward_context`, the update's precision). A sharded rank
+        runs ghost chunks (scored, dropped) so that every rank runs as many collective forwards
+        as the busiest."""
+        chunks = [batch[s : min(s + rows, len(batch))] for s in range(0, len(batch), rows)]
+        passes = [(c, True) for c in chunks]
+        if self.sharded:
+            passes += [(ghost_rows(chunks), False)] * lockstep_ghosts(len(chunks))
+        sums = dict.fromkeys(names, 0.0)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for chunk, real in passes:
+                with (context or self.forward_context)():
+                    got = score(chunk.to(self.device))
+                if real:
+                    for k in names:
+                        sums[k] += got[k]
+        finally:
+            self.model.train(was_training)
+        return dict(zip(names, dp.all_reduce_floats([sums[k] for k in names]), strict=True))
 
     def _ghost_count(self, rows: int) -> int:
         return lockstep_ghosts(-(-rows // self.micro_batch_size))
