@@ -1,4 +1,4 @@
-"""Preflight rules of control/sft.py: SFT's data file, its one unsharded policy rank, packing."""
+"""Preflight rules of control/sft.py: SFT's data file, rows for every policy rank, packing."""
 
 from __future__ import annotations
 

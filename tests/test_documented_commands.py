@@ -64,7 +64,7 @@ SKIPPED = {
     "posttrain grpo --config arithmetic -- placement.backend=ray": "starts Ray (minutes on 2 "
     "cores); tests/test_placement_ray.py covers this placement",
     "posttrain sft --config sft_tools_tiny -- placement.backend=ray": "starts Ray and two "
-    "FSDP ranks for 300 steps; tests/test_sft_ranks.py runs this placement for 3 steps",
+    "FSDP ranks for 300 steps; tests/test_policy_ranks.py runs this placement for 3 steps",
     "posttrain plot outputs/grpo/base": "placeholder run names (base, clip_higher)",
     "posttrain model export outputs/grpo/a/": "placeholder run name (a); "
     "tests/test_export_final.py exports checkpoints and loads them with from_pretrained",

@@ -135,8 +135,8 @@ def test_kill_then_resume_is_bit_exact(straight_cli, kill):
         (["rl.shared_prefix=off"], "rl.shared_prefix=off: the trainer would cut micro-batches "
          "through preference pairs"),
         (["rl.micro_batch_size=1"], "rl.micro_batch_size=1: a preference pair is two rows"),
-        (["placement.backend=ray", "placement.policy_sharding=fsdp"],
-         "the LM DPO entry trains one unsharded policy rank"),
+        (["lmdpo.pairs_per_step=2", "placement.backend=ray", "placement.policy_ranks=3"],
+         "lmdpo.pairs_per_step=2 gives some of placement.policy_ranks=3 no pair"),
         (["rl.micro_batch_tokens=10"], "rl.micro_batch_tokens=10: the pair at "),
         (["sft.max_tokens=9"], "sft.max_tokens=9 is read only by SFT, not by job.algorithm=lmdpo"),
         (["job.algorithm=grpo"], "job.algorithm=grpo is a GRPO-family algorithm (online RL), "

@@ -8,8 +8,8 @@ bench venv.)
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import functools
 import math
 
 import pytest
@@ -17,7 +17,12 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
-from posttrain.algorithm.lmdpo import held_out, make_objective
+from posttrain.algorithm.lmdpo import (
+    HELD_OUT_SUMS,
+    held_out_metrics,
+    held_out_sums,
+    make_objective,
+)
 from posttrain.algorithm.primitives._checks import ObjectiveContractError
 from posttrain.algorithm.primitives.objective import REFERENCE_COLUMN
 from posttrain.data.lmdpo import collate_pairs
@@ -167,10 +172,19 @@ def test_half_a_pair_in_a_micro_batch_is_refused(model, reference):
         step(model, batch, micro_batch_size=1)
 
 
+def held_out(model, reference, batch, pairs_per_forward: int, **knobs) -> dict[str, float]:
+    """The held-out metrics as the DPO role computes them (the trainer's chunked sums)."""
+    rows = 2 * pairs_per_forward
+    objective = make_objective(None, None, loss="sigmoid", beta=0.1)
+    trainer = LLMTrainer(model, objective, lr=1.0, micro_batch_size=rows, optimizer="sgd")
+    score = functools.partial(held_out_sums, model, reference, **knobs)
+    return held_out_metrics(trainer.held_out_sums(batch, rows, score, HELD_OUT_SUMS))
+
+
 def test_held_out_metrics_are_the_means_over_pairs(model, reference):
     data = pairs(seed=4, n=5)
-    got = held_out(model, reference, collate_pairs(data, pad_id=0), 2, "sigmoid", 0.1, 0.0,
-                   contextlib.nullcontext, rpo_alpha=0.3)  # fmt: skip
+    got = held_out(model, reference, collate_pairs(data, pad_id=0), 2, loss="sigmoid",
+                   beta=0.1, smoothing=0.0, rpo_alpha=0.3)  # fmt: skip
     with torch.no_grad():
         want = hand_loss(model, reference, data, "sigmoid", 0.1, 0.0, 0.3).item()
         nll = torch.stack([-seq_logp(model, c) / sum(c.mask[1:]) for c, _ in data]).mean()

@@ -158,37 +158,33 @@ def make_objective(
     return Objective(fn, Reduction.TOKEN_SUM, LMDPO_METRICS, identity=identity)
 
 
+#: What each held-out chunk adds up (the loss, every metric, the pairs); summed over chunks and
+#: ranks, then divided once by the pairs.
+HELD_OUT_SUMS = ("loss", *NAMES, "pairs")
+
+
 @torch.no_grad()
-def held_out(
+def held_out_sums(
     model: nn.Module,
     reference: nn.Module,
-    batch: TrajectoryBatch,
-    pairs: int,
+    part: TrajectoryBatch,
+    *,
     loss: PreferenceLoss,
     beta: float,
     smoothing: float,
-    context: Any,
     rpo_alpha: float = 0.0,
 ) -> dict[str, float]:
-    """The loss and TRL's metrics over every held-out pair, ``pairs`` pairs per forward, as
-    ``val/...`` (means over pairs)."""
-    device = next(model.parameters()).device
-    sums: dict[str, float] = {}
-    n = len(batch) // 2
-    was_training = model.training
-    model.eval()
-    try:
-        for s in range(0, n, pairs):
-            rows = [i for k in range(s, min(s + pairs, n)) for i in (2 * k, 2 * k + 1)]
-            part = batch[rows].to(device)
-            with context():
-                policy = sequence_logps(masked_response_logprobs(model, part), part)
-                ref = sequence_logps(masked_response_logprobs(reference, part), part)
-            per_pair, metrics = pair_losses(policy.float(), ref.float(), loss, beta, smoothing,
-                                            answer_lengths(part), rpo_alpha)  # fmt: skip
-            for k, v in {"loss": per_pair, **metrics}.items():
-                sums[k] = sums.get(k, 0.0) + float(v.double().sum())
-    finally:
-        model.train(was_training)
+    """One chunk of whole pairs: :data:`HELD_OUT_SUMS` under the policy and the reference."""
+    policy = sequence_logps(masked_response_logprobs(model, part), part)
+    ref = sequence_logps(masked_response_logprobs(reference, part), part)
+    per_pair, metrics = pair_losses(policy.float(), ref.float(), loss, beta, smoothing,
+                                    answer_lengths(part), rpo_alpha)  # fmt: skip
+    sums = {k: float(v.double().sum()) for k, v in {"loss": per_pair, **metrics}.items()}
+    return sums | {"pairs": float(len(per_pair))}
+
+
+def held_out_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """The loss and TRL's metrics as ``val/...`` means over every held-out pair."""
+    n = sums["pairs"]
     names = {"loss": "loss", **NAMES}
-    return {f"val/{names[k]}": v / n for k, v in sums.items()} | {"val/pairs": float(n)}
+    return {f"val/{names[k]}": sums[k] / n for k in names} | {"val/pairs": n}

@@ -1,5 +1,5 @@
-"""Preflight for DPO on language models: its pairs file, the placement it runs on, and the
-micro-batching that keeps each pair whole. (What it refuses as a policy-only entry, and that
+"""Preflight for DPO on language models: its pairs file, enough pairs for the policy ranks, and
+the micro-batching that keeps each pair whole. (What it refuses as a policy-only entry, and that
 only it reads the ``lmdpo`` section, is derived from the entry registry: ``control/entries.py``.)"""
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ def lmdpo_needs_train_path(cfg: PosttrainConfig) -> str | None:
     )
 
 
-@error("job.algorithm", "placement.policy_sharding")
-def lmdpo_unsharded_policy(cfg: PosttrainConfig) -> str | None:
-    """The entry places one replicated policy process; FSDP sharding is not wired for it."""
-    if not _ours(cfg) or cfg.placement.policy_sharding == "none":
+@error("job.algorithm", "lmdpo.pairs_per_step", "placement.policy_ranks")
+def lmdpo_pairs_cover_ranks(cfg: PosttrainConfig) -> str | None:
+    """Each policy rank trains on whole pairs of every step, so a step needs a pair for each."""
+    ranks = cfg.placement.policy_ranks
+    if not _ours(cfg) or cfg.lmdpo.pairs_per_step >= ranks:
         return None
     return (
-        f"placement.policy_sharding={cfg.placement.policy_sharding}: the LM DPO entry trains "
-        "one unsharded policy rank; set placement.policy_sharding=none"
+        f"lmdpo.pairs_per_step={cfg.lmdpo.pairs_per_step} gives some of placement.policy_ranks="
+        f"{ranks} no pair; raise lmdpo.pairs_per_step to at least {ranks} or lower policy_ranks"
     )
 
 
@@ -53,4 +54,4 @@ def pairs_stay_whole(cfg: PosttrainConfig) -> str | None:
     return None
 
 
-RULES = (lmdpo_needs_train_path, lmdpo_unsharded_policy, pairs_stay_whole)
+RULES = (lmdpo_needs_train_path, lmdpo_pairs_cover_ranks, pairs_stay_whole)

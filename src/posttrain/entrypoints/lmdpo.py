@@ -26,7 +26,12 @@ from typing import Any
 
 import torch
 
-from posttrain.algorithm.lmdpo import held_out, make_objective
+from posttrain.algorithm.lmdpo import (
+    HELD_OUT_SUMS,
+    held_out_metrics,
+    held_out_sums,
+    make_objective,
+)
 from posttrain.algorithm.primitives.objective import REFERENCE_COLUMN
 from posttrain.config import ConfigError, PosttrainConfig
 from posttrain.control.entries import refuse_unread_overrides
@@ -54,7 +59,11 @@ SHOWN = {"loss": "train/loss", "acc": "train/rewards/accuracies",
 class LMDPOPolicyRole(PolicyRole):
     """The policy role of every online entry, plus the frozen reference DPO scores against:
     each batch gets its per-token log-probs (:data:`REFERENCE_COLUMN`) before the update, and
-    the held-out pairs are scored under both (the role holds the weights)."""
+    the held-out pairs are scored under both (the role holds the weights). On several ranks
+    each takes whole pairs of a step and of the held-out set (:attr:`whole_groups`)."""
+
+    #: A pair is a group no rank may cut (``placement/dispatch.py``).
+    whole_groups = True
 
     def __init__(self, config: PosttrainConfig, build_objective_fn, run_dir: str,
                  device: str | None = None) -> None:  # fmt: skip
@@ -75,14 +84,11 @@ class LMDPOPolicyRole(PolicyRole):
     def reference_logprobs(self, batch) -> torch.Tensor:
         """``[B, R]`` log-probs of ``batch``'s answer tokens (0 elsewhere) under the reference,
         ``rl.micro_batch_size`` rows a forward, in the trainer's precision."""
-        device = self.trainer.device
-        out = []
-        step = self.config.rl.micro_batch_size
-        for s in range(0, len(batch), step):
-            part = batch[list(range(s, min(s + step, len(batch))))].to(device)
-            with self.trainer.forward_context():
-                out.append(masked_response_logprobs(self.reference, part).float().cpu())
-        return torch.cat(out)
+
+        def score(part):
+            return masked_response_logprobs(self.reference, part).float().cpu()
+
+        return torch.cat(self.trainer.score_chunks(batch, self.config.rl.micro_batch_size, score))
 
     def train(self, batch) -> dict[str, float]:
         columns = {**batch.columns, REFERENCE_COLUMN: self.reference_logprobs(batch)}
@@ -90,9 +96,11 @@ class LMDPOPolicyRole(PolicyRole):
 
     def evaluate(self, batch) -> dict[str, float]:
         d = self.config.lmdpo
-        pairs = max(1, self.config.rl.micro_batch_size // 2)
-        return held_out(self.model, self.reference, batch, pairs, d.loss, d.beta,
-                        d.label_smoothing, self.trainer.forward_context, d.rpo_alpha)  # fmt: skip
+        rows = 2 * max(1, self.config.rl.micro_batch_size // 2)  # whole pairs a forward
+        score = functools.partial(held_out_sums, self.model, self.reference, loss=d.loss,
+                                  beta=d.beta, smoothing=d.label_smoothing,
+                                  rpo_alpha=d.rpo_alpha)  # fmt: skip
+        return held_out_metrics(self.trainer.held_out_sums(batch, rows, score, HELD_OUT_SUMS))
 
 
 def load_data(config: PosttrainConfig) -> tuple[PairData, PairData | None]:
@@ -104,6 +112,12 @@ def load_data(config: PosttrainConfig) -> tuple[PairData, PairData | None]:
     tokenizer = _tokenizer(config)
     train = load_pairs(d.train_path, tokenizer, d.max_tokens, d.truncation)
     val = load_pairs(d.val_path, tokenizer, d.max_tokens, d.truncation) if d.val_path else None
+    ranks = config.placement.policy_ranks
+    if val is not None and len(val.pairs) < ranks:  # each rank scores a share of them
+        raise ConfigError(
+            f"{d.val_path} has {len(val.pairs)} held-out pairs, fewer than "
+            f"placement.policy_ranks={ranks}; add pairs or lower policy_ranks"
+        )
     return train, val
 
 

@@ -131,7 +131,7 @@ ENTRIES: tuple[Entry, ...] = (
                       "model.init_preset", "model.lora_rank", "model.lora_alpha",
                       "model.lora_target_modules", "rl.micro_batch_tokens"),
         refused_note="LM DPO trains offline on lmdpo.train_path", sections=("lmdpo",),
-        rules="posttrain.control.lmdpo", max_policy_ranks=1, objective_flag=False,
+        rules="posttrain.control.lmdpo", objective_flag=False,
         data_keys=("lmdpo.train_path", "lmdpo.val_path"),
         data_fix="point it at a JSONL file of preference pairs (docs/guides/preference.md)",
         data_check="posttrain.entrypoints.lmdpo:check_data",

@@ -104,5 +104,6 @@ def _place_ray(config, config_path, opts, role_cls, kwargs, run_dir) -> RayPolic
     how = "FSDP-sharded" if sharded else "replicated"
     log.info("placement: Ray, policy on %d actor(s) (%s); %d torch thread(s) per actor",
              ranks, how, pc.torch_threads_per_process)  # fmt: skip
-    policy = RayPolicy(actors, ranks, config.rl.mini_batch_per_replica, sharded)
+    whole = getattr(role_cls, "whole_groups", False)  # a role's groups no rank may cut
+    policy = RayPolicy(actors, ranks, config.rl.mini_batch_per_replica, sharded, whole)
     return RayPolicyOnly(actors, policy, owns_ray)

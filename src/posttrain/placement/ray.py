@@ -65,13 +65,23 @@ GROUP_TIMEOUT_S = 1800.0
 class RayPolicy:
     """The policy's data-parallel ranks behind the interface of one ``PolicyRole``."""
 
-    def __init__(self, actors: ActorGroup, ranks: int, mini_batches: int, sharded: bool) -> None:
+    def __init__(
+        self,
+        actors: ActorGroup,
+        ranks: int,
+        mini_batches: int,
+        sharded: bool,
+        whole_groups: bool = False,
+    ) -> None:
         self._actors = actors
         self.sharded = sharded
         self.names = [f"policy rank {r}" for r in range(ranks)]
         self.mini_batches = mini_batches
         #: Shared-prefix dispatch: each rank's part of a mini-batch holds whole groups.
         self.keep_groups: bool | None = None
+        #: The role's groups are units no rank may cut (DPO's pairs: ``PolicyRole`` subclasses
+        #: that say ``whole_groups = True``).
+        self.whole_groups = whole_groups
 
     def _all(self, method: str, per_rank_args: Sequence[tuple] | None = None) -> list:
         per_rank_args = per_rank_args or [()] * len(self.names)
@@ -86,8 +96,9 @@ class RayPolicy:
 
     def train(self, batch) -> dict[str, float]:
         if len(self.names) > 1 and self.keep_groups is None:  # the ranks' trainer decides
-            self.keep_groups = self._all("keeps_groups")[0]
-        shards = shard_batch(batch, len(self.names), self.mini_batches, bool(self.keep_groups))
+            self.keep_groups = self.whole_groups or self._all("keeps_groups")[0]
+        n, keep, whole = len(self.names), bool(self.keep_groups), self.whole_groups
+        shards = shard_batch(batch, n, self.mini_batches, keep, whole)
         # The trainer makes every metric global over ranks (as each declares): rank 0 speaks.
         return self._all("train", [(s,) for s in shards])[0]
 

@@ -172,6 +172,34 @@ class LLMTrainer(Trainer):
             self._verify_deterministic(collected[0 : min(self.micro_batch_size, len(collected))])
 
     @torch.no_grad()
+    def score_chunks(
+        self,
+        batch: TrajectoryBatch,
+        rows: int,
+        score: Callable[[TrajectoryBatch], Any],
+        context: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ) -> list:
+        """``score`` of each chunk of ``rows`` rows of ``batch``: eval mode, on this trainer's
+        device, in ``context`` (default :meth:`forward_context`, the update's precision). A
+        sharded rank runs ghost chunks (scored, dropped) so that every rank runs as many
+        collective forwards as the busiest."""
+        chunks = [batch[s : min(s + rows, len(batch))] for s in range(0, len(batch), rows)]
+        passes = [(c, True) for c in chunks]
+        if self.sharded:
+            passes += [(ghost_rows(chunks), False)] * lockstep_ghosts(len(chunks))
+        out = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for chunk, real in passes:
+                with (context or self.forward_context)():
+                    got = score(chunk.to(self.device))
+                if real:
+                    out.append(got)
+        finally:
+            self.model.train(was_training)
+        return out
+
     def held_out_sums(
         self,
         batch: TrajectoryBatch,
@@ -180,29 +208,12 @@ class LLMTrainer(Trainer):
         names: Sequence[str],
         context: Callable[[], contextlib.AbstractContextManager] | None = None,
     ) -> dict[str, float]:
-        """``score``'s sums (``names``) over ``batch`` in chunks of ``rows`` rows, summed over
-        the policy ranks: each rank scores its own share of the held-out rows and the sums make
-        every rank's result the whole set's. Eval mode, on this trainer's device, in
-        ``context`` (default :meth:`forward_context`, the update's precision). A sharded rank
-        runs ghost chunks (scored, dropped) so that every rank runs as many collective forwards
-        as the busiest."""
-        chunks = [batch[s : min(s + rows, len(batch))] for s in range(0, len(batch), rows)]
-        passes = [(c, True) for c in chunks]
-        if self.sharded:
-            passes += [(ghost_rows(chunks), False)] * lockstep_ghosts(len(chunks))
-        sums = dict.fromkeys(names, 0.0)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            for chunk, real in passes:
-                with (context or self.forward_context)():
-                    got = score(chunk.to(self.device))
-                if real:
-                    for k in names:
-                        sums[k] += got[k]
-        finally:
-            self.model.train(was_training)
-        return dict(zip(names, dp.all_reduce_floats([sums[k] for k in names]), strict=True))
+        """``score``'s sums (``names``) over ``batch`` (:meth:`score_chunks`), summed over the
+        policy ranks: each rank scores its own share of the held-out rows and the sums make
+        every rank's result the whole set's."""
+        got = self.score_chunks(batch, rows, score, context)
+        local = [sum(g[k] for g in got) for k in names]
+        return dict(zip(names, dp.all_reduce_floats(local), strict=True))
 
     def _ghost_count(self, rows: int) -> int:
         return lockstep_ghosts(-(-rows // self.micro_batch_size))

@@ -133,14 +133,19 @@ def lockstep_ghosts(passes: int) -> int:
 
 
 def ghost_rows(chunks: Sequence, fallback=None):
-    """A one-row batch for ghost passes: this rank's first row (any real row will do)."""
+    """A batch for ghost passes: the rows of this rank's first group in its first chunk (any
+    real rows will do; a whole group, so an objective that reads groups, such as DPO's pairs,
+    sees one)."""
     source = chunks[0] if chunks else fallback
     if source is None or len(source) == 0:
         raise ValueError(
             "placement.policy_sharding=fsdp: a policy rank received no rows; every rank needs at "
             "least one row per mini-batch (raise data.prompts_per_step or lower policy_ranks)"
         )
-    return source[0:1]
+    ids = getattr(source, "group_ids", None)
+    if ids is None:
+        return source[0:1]
+    return source[torch.nonzero(ids == ids[0]).flatten()]
 
 
 @torch.no_grad()
