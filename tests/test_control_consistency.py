@@ -14,6 +14,10 @@ from posttrain.config import PosttrainConfig, RolloutConfig  # noqa: E402
 from posttrain.control import PreflightError, consistency, run_preflight  # noqa: E402
 
 CASES: list[Case] = [
+    ("shared_prefix_on_needs_unsharded",
+     ["rl.shared_prefix=on", "placement.backend=ray", "placement.policy_sharding=fsdp"],
+     "rl.shared_prefix=on with placement.policy_sharding=fsdp: sharded ranks run their forwards "
+     "in step", ["rl.shared_prefix=auto", "placement.backend=ray", "placement.policy_sharding=fsdp"]),
     ("overlong_buffer_fits", ["reward.overlong_buffer=300"],
      "reward.overlong_buffer=300 exceeds rollout.max_tokens=256",
      ["reward.overlong_buffer=300", "rollout.max_tokens=300"]),

@@ -89,3 +89,19 @@ def test_reasoning_gym_is_counted_not_generated(monkeypatch):
     with pytest.raises(ConfigError, match="exceeds the 2000 distinct train prompts"):
         check_data(config)
     check_data(load_config("smollm2_reasoning_gym"))
+
+
+def test_held_out_set_covers_the_policy_ranks_only_when_the_run_evaluates():
+    from posttrain.config import PosttrainConfig
+    from posttrain.config.overrides import apply_overrides
+    from posttrain.control.data_checks import held_out_covers_ranks
+
+    ranks = ["placement.backend=ray", "placement.policy_ranks=3"]
+    cfg = apply_overrides(PosttrainConfig(), [*ranks, "rl.eval_every=5"])
+    held_out_covers_ranks(cfg, 3, "val.jsonl", "pair")  # one each
+    with pytest.raises(ConfigError, match=r"^val.jsonl has 2 held-out pairs, fewer than "
+                       r"placement.policy_ranks=3; add pairs, lower policy_ranks or set "
+                       r"rl.eval_every=0$"):  # fmt: skip
+        held_out_covers_ranks(cfg, 2, "val.jsonl", "pair")
+    cfg = apply_overrides(PosttrainConfig(), [*ranks, "rl.eval_every=0"])
+    held_out_covers_ranks(cfg, 1, "val.jsonl", "row")  # never scored

@@ -16,6 +16,7 @@ from posttrain.control.entries import check_entry, refuse_unread_overrides  # no
 from posttrain.entrypoints import registry  # noqa: E402
 
 SFT = ["job.algorithm=sft", "sft.train_path=rows.jsonl"]
+LMDPO = ["job.algorithm=lmdpo", "lmdpo.train_path=pairs.jsonl"]
 
 CASES: list[Case] = [
     ("entry_reads_no_online_knobs", [*DPO, "rl.rollout_is_cap=2", "teacher.top_k=8"],
@@ -37,6 +38,19 @@ CASES: list[Case] = [
      "job.algorithm=dpo", [*DPO, "dpo.beta=2"]),
     ("entry_policy_ranks", [*DPO, "placement.backend=ray", "placement.policy_ranks=2"],
      "the Diffusion DPO entry trains one policy rank", [*DPO, "placement.backend=ray"]),
+    ("entry_policy_sharding", [*DPO, "placement.backend=ray", "placement.policy_sharding=fsdp"],
+     "placement.policy_sharding=fsdp: the Diffusion DPO entry trains an unsharded policy",
+     [*DPO, "placement.backend=ray", "placement.policy_ranks=1"]),
+    ("entry_step_covers_ranks",
+     [*SFT, "sft.rows_per_step=3", "placement.backend=ray", "placement.policy_ranks=4"],
+     "sft.rows_per_step=3 gives some of placement.policy_ranks=4 no row; raise "
+     "sft.rows_per_step to at least 4",
+     [*SFT, "sft.rows_per_step=4", "placement.backend=ray", "placement.policy_ranks=4",
+      "placement.policy_sharding=fsdp"]),
+    ("entry_step_covers_ranks",
+     [*LMDPO, "lmdpo.pairs_per_step=1", "placement.backend=ray", "placement.policy_ranks=2"],
+     "lmdpo.pairs_per_step=1 gives some of placement.policy_ranks=2 no pair",
+     [*LMDPO, "lmdpo.pairs_per_step=2", "placement.backend=ray", "placement.policy_ranks=2"]),
 ]  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""Preflight rules of control/sft.py: SFT's data file, rows for every policy rank, packing."""
+"""Preflight rules of control/sft.py: SFT's data file, packing's loss unit."""
 
 from __future__ import annotations
 
@@ -16,10 +16,6 @@ SFT = ["job.algorithm=sft", "sft.train_path=rows.jsonl"]
 
 CASES: list[Case] = [
     ("sft_needs_train_path", ["job.algorithm=sft"], "sft.train_path is not set", SFT),
-    ("sft_rows_cover_ranks",
-     [*SFT, "sft.rows_per_step=3", "placement.backend=ray", "placement.policy_ranks=4"],
-     "sft.rows_per_step=3 gives some of placement.policy_ranks=4 no row",
-     [*SFT, "sft.rows_per_step=4", "placement.backend=ray", "placement.policy_ranks=4"]),
     ("packing_needs_token_sum", [*SFT, "sft.packing=true", "sft.loss_reduction=sequence_mean"],
      "sft.packing=true with sft.loss_reduction=sequence_mean", [*SFT, "sft.packing=true"]),
 ]  # fmt: skip

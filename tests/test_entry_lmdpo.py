@@ -176,6 +176,17 @@ def test_a_bad_pair_stops_the_run_before_anything_is_written(tmp_path, capsys, r
     assert code == 2 and f"{bad}{fragment}" in err
 
 
+def test_fewer_held_out_pairs_than_ranks_is_one_line_before_ray_starts(tmp_path, capsys):
+    val = tmp_path / "one.jsonl"
+    val.write_text((REPO / DATA / "val.jsonl").read_text().splitlines(True)[0])
+    extra = {"lmdpo.val_path": val, "placement.backend": "ray", "placement.policy_ranks": 2}
+    code, err = _cli(capsys, "lmdpo", "--config", RECIPE, "--",
+                     *opts_for(tmp_path, "x", **extra))  # fmt: skip
+    assert code == 2 and "\n" not in err, err
+    assert f"{val} has 1 held-out pair, fewer than placement.policy_ranks=2" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_other_entries_refuse_the_recipe(capsys):
     code, err = _cli(capsys, "grpo", "--config", RECIPE)
     assert code == 2 and "job.algorithm=lmdpo is DPO for language models" in err

@@ -247,7 +247,7 @@ def test_fewer_held_out_rows_than_ranks_is_one_line_before_ray_starts(tmp_path, 
     code, err = _cli(capsys, "sft", "--config", "sft_tools_tiny", "--",
                      *opts_for(tmp_path, "x", **extra))  # fmt: skip
     assert code == 2 and "\n" not in err, err
-    assert f"{val} has 1 held-out rows, fewer than placement.policy_ranks=2" in err
+    assert f"{val} has 1 held-out row, fewer than placement.policy_ranks=2" in err
     assert not (tmp_path / "out").exists()
 
 

@@ -85,12 +85,14 @@ def test_a_sharded_model_scores_through_its_root_forward(tmp_path):
     """The head-in-chunks and head-at-trained-tokens paths call the decoder and the head
     directly; on an FSDP root that would meet bare shards (the root's forward gathers the
     embeddings and head), so a sharded model scores through its own forward: the same values
-    as the unsharded model (one gloo rank)."""
+    as the unsharded model (one gloo rank). Nor does it share prompts: a shared prompt takes
+    two forwards where a lone row takes one, and sharded ranks run theirs in step."""
     import copy
 
     import torch.distributed as dist
 
     from posttrain.data.logprobs import masked_response_logprobs, response_logprobs
+    from posttrain.data.prefix import unsupported_reason
     from posttrain.model.tiny import tiny_config
 
     transformers = pytest.importorskip("transformers")
@@ -108,8 +110,10 @@ def test_a_sharded_model_scores_through_its_root_forward(tmp_path):
         with torch.no_grad():
             chunked = response_logprobs(sharded, batch, chunk_elements=1)  # would chunk the head
             masked = masked_response_logprobs(sharded, batch)
+        reason = unsupported_reason(sharded)
     finally:
         dist.destroy_process_group()
     assert torch.allclose(chunked, want, atol=1e-6, rtol=0)
     mask = batch.response_mask
     assert torch.allclose(masked[mask], want[mask], atol=1e-6) and not masked[~mask].any()
+    assert unsupported_reason(model) is None and "FSDP-sharded" in reason

@@ -200,6 +200,20 @@ def deterministic_minis_fill_micro_batches(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@error("rl.shared_prefix", "placement.policy_sharding")
+def shared_prefix_on_needs_unsharded(cfg: PosttrainConfig) -> str | None:
+    """A sharded policy's ranks run every forward together; sharing a prompt takes two forwards
+    where a row alone takes one, so ranks with other rows would fall out of step (``auto``
+    encodes each row's prompt there)."""
+    if cfg.rl.shared_prefix != "on" or cfg.placement.policy_sharding == "none":
+        return None
+    return (
+        "rl.shared_prefix=on with placement.policy_sharding=fsdp: sharded ranks run their "
+        "forwards in step, and sharing takes two where a lone row takes one; set "
+        "rl.shared_prefix=auto (each row encodes its prompt there) or policy_sharding=none"
+    )
+
+
 @error("rl.micro_batch_tokens", "model.certified_deterministic_forward")
 def token_micro_batches_need_uncertified(cfg: PosttrainConfig) -> str | None:
     """A certified π_old is scored in the update's own row chunks; token micro-batches regroup
@@ -306,6 +320,7 @@ RULES = (
     eval_needs_validation_data,
     batch_covers_updates,
     deterministic_minis_fill_micro_batches,
+    shared_prefix_on_needs_unsharded,
     token_micro_batches_need_uncertified,
     ray_knobs_need_ray,
     device_needs_local,

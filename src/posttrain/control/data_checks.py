@@ -56,6 +56,18 @@ def check_data_files(config: PosttrainConfig) -> None:
     raise ConfigError(f"{'; '.join(missing)} (relative paths are read from {Path.cwd()}); {fix}")
 
 
+def held_out_covers_ranks(config: PosttrainConfig, count: int, path: str, unit: str) -> None:
+    """A policy-only entry's policy ranks each score a share of the held-out ``unit``\ s (rows,
+    whole pairs), so an evaluating run needs one for each."""
+    ranks = config.placement.policy_ranks
+    if not config.rl.eval_every or count >= ranks:
+        return
+    raise ConfigError(
+        f"{path} has {count} held-out {unit}{'' if count == 1 else 's'}, fewer than "
+        f"placement.policy_ranks={ranks}; add {unit}s, lower policy_ranks or set rl.eval_every=0"
+    )
+
+
 def build_tasks(config: PosttrainConfig) -> TaskSource:
     """The run's task source, from the config's data section (every JSONL row is parsed)."""
     d = config.data

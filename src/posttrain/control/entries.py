@@ -146,4 +146,44 @@ def entry_policy_ranks(cfg: PosttrainConfig) -> str | None:
     )
 
 
-RULES = (entry_reads_no_online_knobs, section_read_only_by_its_entry, entry_policy_ranks)
+@error("job.algorithm", "placement.policy_sharding")
+def entry_policy_sharding(cfg: PosttrainConfig) -> str | None:
+    """An entry whose trainer does not shard (Diffusion DPO) refuses FSDP rather than run
+    replicated under a sharded label."""
+    e = entry(objective_family(cfg))
+    if e.shardable or cfg.placement.policy_sharding == "none":
+        return None
+    return (
+        f"placement.policy_sharding={cfg.placement.policy_sharding}: the {e.title} entry trains "
+        "an unsharded policy; set placement.policy_sharding=none"
+    )
+
+
+_STEP_KEYS = sorted({e.step_key for e in ENTRIES if e.step_key}, key=_ORDER.__getitem__)
+
+
+@error("job.algorithm", "placement.policy_ranks", *_STEP_KEYS)
+def entry_step_covers_ranks(cfg: PosttrainConfig) -> str | None:
+    """A policy-only step shares its rows (or whole pairs) out among the policy ranks, so it
+    needs one for each (a packed SFT step keeps a sequence per rank: ``data/sft.py``)."""
+    e = entry(objective_family(cfg))
+    ranks = cfg.placement.policy_ranks
+    if e.step_key is None:
+        return None
+    section, key = e.step_key.split(".")
+    per_step = getattr(getattr(cfg, section), key)
+    if per_step >= ranks:
+        return None
+    return (
+        f"{e.step_key}={per_step} gives some of placement.policy_ranks={ranks} no {e.unit}; "
+        f"raise {e.step_key} to at least {ranks} or lower policy_ranks"
+    )
+
+
+RULES = (
+    entry_reads_no_online_knobs,
+    section_read_only_by_its_entry,
+    entry_policy_ranks,
+    entry_policy_sharding,
+    entry_step_covers_ranks,
+)

@@ -1,6 +1,7 @@
-"""Preflight for DPO on language models: its pairs file, enough pairs for the policy ranks, and
-the micro-batching that keeps each pair whole. (What it refuses as a policy-only entry, and that
-only it reads the ``lmdpo`` section, is derived from the entry registry: ``control/entries.py``.)"""
+"""Preflight for DPO on language models: its pairs file, the micro-batching that keeps each pair
+whole, a reference that computes as the policy does. (What it refuses as a policy-only entry,
+that only it reads the ``lmdpo`` section, and that a step needs a pair for each policy rank, is
+derived from the entry registry: ``control/entries.py``.)"""
 
 from __future__ import annotations
 
@@ -23,18 +24,6 @@ def lmdpo_needs_train_path(cfg: PosttrainConfig) -> str | None:
     )
 
 
-@error("job.algorithm", "lmdpo.pairs_per_step", "placement.policy_ranks")
-def lmdpo_pairs_cover_ranks(cfg: PosttrainConfig) -> str | None:
-    """Each policy rank trains on whole pairs of every step, so a step needs a pair for each."""
-    ranks = cfg.placement.policy_ranks
-    if not _ours(cfg) or cfg.lmdpo.pairs_per_step >= ranks:
-        return None
-    return (
-        f"lmdpo.pairs_per_step={cfg.lmdpo.pairs_per_step} gives some of placement.policy_ranks="
-        f"{ranks} no pair; raise lmdpo.pairs_per_step to at least {ranks} or lower policy_ranks"
-    )
-
-
 @error("rl.micro_batch_size", "rl.shared_prefix")
 def pairs_stay_whole(cfg: PosttrainConfig) -> str | None:
     """A pair's loss needs its chosen and its rejected in one micro-batch: the trainer keeps a
@@ -54,4 +43,20 @@ def pairs_stay_whole(cfg: PosttrainConfig) -> str | None:
     return None
 
 
-RULES = (lmdpo_needs_train_path, lmdpo_pairs_cover_ranks, pairs_stay_whole)
+@error("placement.policy_sharding", "model.dtype", "model.lora_rank")
+def sharded_bf16_reference_needs_lora(cfg: PosttrainConfig) -> str | None:
+    """Without LoRA each rank scores a whole float32 copy of the base as its reference, under
+    the update's autocast; a sharded policy computes in bf16 through FSDP's mixed-precision
+    policy instead, so an unchanged policy would not score as its reference (Δ = 0 fails)."""
+    if not _ours(cfg) or cfg.placement.policy_sharding != "fsdp" or cfg.model.lora_rank:
+        return None
+    if cfg.model.dtype != "bfloat16":
+        return None
+    return (
+        "placement.policy_sharding=fsdp with model.dtype=bfloat16 and no LoRA: the reference "
+        "copy would compute otherwise than the sharded policy; set model.lora_rank (the "
+        "reference is then the policy with its adapters off) or model.dtype=float32"
+    )
+
+
+RULES = (lmdpo_needs_train_path, pairs_stay_whole, sharded_bf16_reference_needs_lora)

@@ -179,7 +179,10 @@ def micro_batch(cfg: PosttrainConfig, prompt_tokens: int) -> tuple[int, int]:
 def _activations(cfg: PosttrainConfig, s: ModelShape, prompt_tokens: int) -> list[Part]:
     rows, tokens = micro_batch(cfg, prompt_tokens)
     response = cfg.rollout.max_tokens
-    shared = cfg.rl.shared_prefix != "off" and not cfg.model.gradient_checkpointing
+    # A sharded policy encodes each row's prompt and runs its own head over every response
+    # position (its forward gathers the head: data/prefix.py, data/logprobs.py).
+    sharded = cfg.placement.policy_sharding == "fsdp"
+    shared = cfg.rl.shared_prefix != "off" and not cfg.model.gradient_checkpointing and not sharded
     groups = -(-rows // cfg.rollout.n)
     query = rows * response + groups * prompt_tokens if shared else tokens
     per_q = Q_HIDDEN * s.hidden + Q_ATTENTION * s.attention + Q_MLP * s.intermediate
@@ -190,7 +193,8 @@ def _activations(cfg: PosttrainConfig, s: ModelShape, prompt_tokens: int) -> lis
         what = "activations (checkpointed layers)"
     else:
         kept, what = s.layers * layer, "activations"
-    logit_rows = min(rows, max(1, LOGIT_CHUNK_ELEMENTS // max(1, response * s.vocab)))
+    chunk = max(1, LOGIT_CHUNK_ELEMENTS // max(1, response * s.vocab))
+    logit_rows = rows if sharded else min(rows, chunk)
     elements = logit_rows * response * s.vocab
     logits = 2 * 4 * elements + 3 * 4 * min(elements, SOFTMAX_CHUNK_ELEMENTS)
     return [

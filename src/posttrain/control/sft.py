@@ -1,6 +1,6 @@
-"""Preflight for supervised fine-tuning: its data file, its batch shape. (What it
-refuses as a policy-only entry, and that only SFT reads the ``sft`` section, is derived from the
-entry registry: ``control/entries.py``.)"""
+"""Preflight for supervised fine-tuning: its data file, packing's loss unit. (What it refuses as a
+policy-only entry, that only SFT reads the ``sft`` section, and that a step needs a row for each
+policy rank, is derived from the entry registry: ``control/entries.py``.)"""
 
 from __future__ import annotations
 
@@ -19,19 +19,6 @@ def sft_needs_train_path(cfg: PosttrainConfig) -> str | None:
     )
 
 
-@error("job.algorithm", "sft.rows_per_step", "placement.policy_ranks")
-def sft_rows_cover_ranks(cfg: PosttrainConfig) -> str | None:
-    """Each policy rank trains on its share of every step's rows, so a step needs a row for
-    each (a packed step keeps one sequence per rank: ``data/sft.py``'s ``pack``)."""
-    ranks = cfg.placement.policy_ranks
-    if objective_family(cfg) != "sft" or cfg.sft.rows_per_step >= ranks:
-        return None
-    return (
-        f"sft.rows_per_step={cfg.sft.rows_per_step} gives some of placement.policy_ranks="
-        f"{ranks} no row; raise sft.rows_per_step to at least {ranks} or lower policy_ranks"
-    )
-
-
 @error("sft.packing", "sft.loss_reduction")
 def packing_needs_token_sum(cfg: PosttrainConfig) -> str | None:
     """A packed sequence holds several rows, so a per-sequence mean would weigh rows by how
@@ -44,4 +31,4 @@ def packing_needs_token_sum(cfg: PosttrainConfig) -> str | None:
     )
 
 
-RULES = (sft_needs_train_path, sft_rows_cover_ranks, packing_needs_token_sum)
+RULES = (sft_needs_train_path, packing_needs_token_sum)

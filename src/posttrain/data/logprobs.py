@@ -193,9 +193,9 @@ def response_logprobs(
     """``[B, R]`` logprobs of each response token given everything before it.
 
     When the response logits would exceed ``chunk_elements`` and the model's head is a plain
-    linear layer (and not FSDP-sharded), the decoder runs once and the head + log-softmax run per chunk of rows under
-    activation checkpointing: the full-vocab logits (and their float32 copy) never exist for the
-    whole batch at once.
+    linear layer (and not FSDP-sharded), the decoder runs once and the head + log-softmax run
+    per chunk of rows under activation checkpointing: the full-vocab logits (and their float32
+    copy) never exist for the whole batch at once.
     """
     return _response_scores(model, batch, temperature, None, chunk_elements)[0]
 

@@ -110,8 +110,15 @@ def cache_keyword(module: nn.Module) -> str:
 
 def unsupported_reason(module: nn.Module) -> str | None:
     """Why ``module``'s forwards cannot share prompts (None when they can)."""
+    from torch.distributed.fsdp import FSDPModule
+
     if hasattr(module, "_orig_mod"):
         return "the model runs under torch.compile"
+    if isinstance(module, FSDPModule):  # every forward is a collective all ranks run together
+        return (
+            "the model is FSDP-sharded (ranks run their forwards in step, and a shared prompt "
+            "takes two where a lone row takes one)"
+        )
     inner = hf_model(module)
     if inner is None:
         return f"{type(module).__name__} is not a Hugging Face model"

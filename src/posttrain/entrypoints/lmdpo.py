@@ -105,19 +105,15 @@ class LMDPOPolicyRole(PolicyRole):
 
 def load_data(config: PosttrainConfig) -> tuple[PairData, PairData | None]:
     """Every pair of both files, checked and rendered (one line naming ``file:line`` if not)."""
-    from posttrain.control.data_checks import check_data_files
+    from posttrain.control.data_checks import check_data_files, held_out_covers_ranks
 
     check_data_files(config)
     d = config.lmdpo
     tokenizer = _tokenizer(config)
     train = load_pairs(d.train_path, tokenizer, d.max_tokens, d.truncation)
     val = load_pairs(d.val_path, tokenizer, d.max_tokens, d.truncation) if d.val_path else None
-    ranks = config.placement.policy_ranks
-    if val is not None and len(val.pairs) < ranks:  # each rank scores a share of them
-        raise ConfigError(
-            f"{d.val_path} has {len(val.pairs)} held-out pairs, fewer than "
-            f"placement.policy_ranks={ranks}; add pairs or lower policy_ranks"
-        )
+    if val is not None:
+        held_out_covers_ranks(config, len(val.pairs), d.val_path, "pair")
     return train, val
 
 

@@ -31,7 +31,9 @@ class Entry:
     ``online_reads`` of the online knobs and refuses every other one changed
     (``refused_note`` says why). ``pinned_label``: the ``job.algorithm`` its runs record.
     ``sections``: config sections only this entry reads. ``rules``: its own preflight rule
-    module. ``max_policy_ranks``: the policy ranks it places at most. ``cli``: a module with
+    module. ``max_policy_ranks``: the policy ranks it places at most; ``shardable``: whether
+    they may be FSDP-sharded. ``step_key``: the knob of how many ``unit``\ s (rows, pairs) a
+    policy-only step draws, each rank taking whole ones. ``cli``: a module with
     ``add_arguments(parser)`` and ``dispatch(args, overrides)`` when the entry has more than
     ``--config`` (and ``--objective`` where ``objective_flag``). ``data_keys`` / ``data_fix``:
     the data files a policy-only entry reads and how to make them; ``data_check``: a
@@ -54,6 +56,9 @@ class Entry:
     sections: tuple[str, ...] = ()
     rules: str | None = None
     max_policy_ranks: int | None = None
+    shardable: bool = True
+    step_key: str | None = None
+    unit: str = "row"
     cli: str | None = None
     objective_flag: bool = True
     data_keys: tuple[str, ...] = ()
@@ -95,7 +100,7 @@ ENTRIES: tuple[Entry, ...] = (
         description="Offline Diffusion DPO on a pairs manifest (dpo.pairs_path), or one of its "
         "tools: pretrain a base model, make preference pairs from it.",
         placement="policy_only", refused_note="Diffusion DPO trains offline on dpo.pairs_path",
-        sections=("dpo",), rules="posttrain.control.dpo", max_policy_ranks=1,
+        sections=("dpo",), rules="posttrain.control.dpo", max_policy_ranks=1, shardable=False,
         cli="posttrain.entrypoints.dpo_cli", objective_flag=False, data_keys=("dpo.pairs_path",),
         data_fix="write the pairs with `posttrain dpo make-pairs` (docs/guides/dpo.md) or point "
         "dpo.pairs_path at a manifest",
@@ -112,7 +117,7 @@ ENTRIES: tuple[Entry, ...] = (
                       "model.init_preset", "model.lora_rank", "model.lora_alpha",
                       "model.lora_target_modules", "rl.micro_batch_tokens"),
         refused_note="SFT trains offline on sft.train_path", sections=("sft",),
-        rules="posttrain.control.sft", objective_flag=False,
+        rules="posttrain.control.sft", step_key="sft.rows_per_step", objective_flag=False,
         data_keys=("sft.train_path", "sft.val_path"),
         data_fix="point it at a JSONL file of chat rows (docs/guides/sft.md)",
         data_check="posttrain.entrypoints.sft:check_data",
@@ -131,7 +136,8 @@ ENTRIES: tuple[Entry, ...] = (
                       "model.init_preset", "model.lora_rank", "model.lora_alpha",
                       "model.lora_target_modules", "rl.micro_batch_tokens"),
         refused_note="LM DPO trains offline on lmdpo.train_path", sections=("lmdpo",),
-        rules="posttrain.control.lmdpo", objective_flag=False,
+        rules="posttrain.control.lmdpo", step_key="lmdpo.pairs_per_step", unit="pair",
+        objective_flag=False,
         data_keys=("lmdpo.train_path", "lmdpo.val_path"),
         data_fix="point it at a JSONL file of preference pairs (docs/guides/preference.md)",
         data_check="posttrain.entrypoints.lmdpo:check_data",

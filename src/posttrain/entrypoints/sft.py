@@ -29,7 +29,7 @@ from posttrain.algorithm.sft import (
     held_out_sums,
     make_objective,
 )
-from posttrain.config import ConfigError, PosttrainConfig
+from posttrain.config import PosttrainConfig
 from posttrain.control.entries import refuse_unread_overrides
 from posttrain.data.order import step_indices
 from posttrain.data.sft import SFTData, collate, collate_packed, load_sft, pack
@@ -76,19 +76,15 @@ def _tokenizer(config: PosttrainConfig):
 
 def load_data(config: PosttrainConfig) -> tuple[SFTData, SFTData | None]:
     """Every row of both files, checked and rendered (one line naming ``file:line`` if not)."""
-    from posttrain.control.data_checks import check_data_files
+    from posttrain.control.data_checks import check_data_files, held_out_covers_ranks
 
     check_data_files(config)
     s = config.sft
     tokenizer = _tokenizer(config)
     train = load_sft(s.train_path, tokenizer, s.max_tokens, s.truncation)
     val = load_sft(s.val_path, tokenizer, s.max_tokens, s.truncation) if s.val_path else None
-    ranks = config.placement.policy_ranks
-    if val is not None and len(val.rows) < ranks:  # each rank scores a share of them
-        raise ConfigError(
-            f"{s.val_path} has {len(val.rows)} held-out rows, fewer than placement.policy_ranks="
-            f"{ranks}; add rows or lower policy_ranks"
-        )
+    if val is not None:
+        held_out_covers_ranks(config, len(val.rows), s.val_path, "row")
     return train, val
 
 

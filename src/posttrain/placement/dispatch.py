@@ -37,6 +37,8 @@ def rank_rows(
     are shared out, so no group is cut (a DPO pair, a held-out set)."""
     if ranks < 1 or mini_batches < 1:
         raise ValueError(f"need ranks >= 1 and mini_batches >= 1, got {ranks}, {mini_batches}")
+    if whole_groups and group_ids is None:
+        raise ValueError("whole_groups needs the rows' group_ids")
     if rows < ranks * mini_batches:
         raise ValueError(
             f"a batch of {rows} rows cannot give each of {ranks} policy ranks a row in each of "

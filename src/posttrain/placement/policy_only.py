@@ -34,7 +34,7 @@ class LocalPolicy:
 class RayPolicyOnly:
     """The role's ranks as Ray actors (``placement.policy_ranks`` of them, one
     ``torch.distributed`` group when there are several or they are sharded), behind the
-    methods of one role (``placement.ray.RayPolicy``)."""
+    methods of one role."""
 
     def __init__(self, actors, policy, owns_ray: bool) -> None:
         self.actors, self.policy, self.owns_ray = actors, policy, owns_ray
@@ -65,7 +65,7 @@ def place_policy_only(
 def _place_ray(config, config_path, opts, role_cls, kwargs, run_dir) -> RayPolicyOnly:
     from posttrain.placement.ray import (
         START_TIMEOUT_S,
-        RayPolicy,
+        PolicyOnlyRanks,
         check_serialisable,
         check_worker_configs,
         connect,
@@ -105,5 +105,5 @@ def _place_ray(config, config_path, opts, role_cls, kwargs, run_dir) -> RayPolic
     log.info("placement: Ray, policy on %d actor(s) (%s); %d torch thread(s) per actor",
              ranks, how, pc.torch_threads_per_process)  # fmt: skip
     whole = getattr(role_cls, "whole_groups", False)  # a role's groups no rank may cut
-    policy = RayPolicy(actors, ranks, config.rl.mini_batch_per_replica, sharded, whole)
+    policy = PolicyOnlyRanks(actors, ranks, config.rl.mini_batch_per_replica, sharded, whole)
     return RayPolicyOnly(actors, policy, owns_ray)

@@ -105,18 +105,20 @@ class RayPolicy:
     def save(self, step: int, data_state) -> str:
         return self._all("save", [(step, data_state)] * len(self.names))[0]
 
-    def __getattr__(self, method: str):
-        """Any other method of the role (Diffusion DPO's ``sample``): every rank runs it with
-        the same arguments (a sharded forward needs them all), rank 0 answers."""
-        if method.startswith("_"):
-            raise AttributeError(method)
-        return lambda *args: self._all(method, [args] * len(self.names))[0]
+
+class PolicyOnlyRanks(RayPolicy):
+    """The policy ranks of a policy-only entry (``placement/policy_only.py``): train, resume
+    and save as above, plus the calls those entries make of their role."""
 
     def evaluate(self, batch) -> dict[str, float]:
-        """A policy-only entry's held-out scores: each rank scores its share of the rows (whole
-        groups) and sums over ranks (``LLMTrainer.held_out_sums``); rank 0 speaks."""
+        """Held-out scores: each rank scores its share of the rows (whole groups) and the role
+        sums over ranks (``LLMTrainer.held_out_sums``); rank 0 speaks."""
         shards = shard_batch(batch, len(self.names), 1, whole_groups=True)
         return self._all("evaluate", [(s,) for s in shards])[0]
+
+    def sample(self, *args: Any) -> Any:
+        """Diffusion DPO's evaluation samples (its one rank)."""
+        return self._all("sample", [args] * len(self.names))[0]
 
 
 #: How long closing waits for the roles to end their own processes before the actors are killed.

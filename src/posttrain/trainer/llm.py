@@ -167,7 +167,7 @@ class LLMTrainer(Trainer):
             cache.capture(self.forward_model, collected, chunk_size=self.micro_batch_size)
             for _ in range(ghosts):
                 with torch.no_grad():
-                    cache.score(self.forward_model, ghost_rows([], collected))
+                    cache.score(self.forward_model, ghost_rows([], collected[0:1]))  # a row
         if self.certified_deterministic_forward and len(collected):
             self._verify_deterministic(collected[0 : min(self.micro_batch_size, len(collected))])
 
@@ -185,8 +185,8 @@ class LLMTrainer(Trainer):
         collective forwards as the busiest."""
         chunks = [batch[s : min(s + rows, len(batch))] for s in range(0, len(batch), rows)]
         passes = [(c, True) for c in chunks]
-        if self.sharded:
-            passes += [(ghost_rows(chunks), False)] * lockstep_ghosts(len(chunks))
+        ghosts = lockstep_ghosts(len(chunks)) if self.sharded else 0  # every rank agrees first
+        passes += [(ghost_rows(chunks), False)] * ghosts if ghosts else []
         out = []
         was_training = self.model.training
         self.model.eval()

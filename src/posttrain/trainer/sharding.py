@@ -140,7 +140,7 @@ def ghost_rows(chunks: Sequence, fallback=None):
     if source is None or len(source) == 0:
         raise ValueError(
             "placement.policy_sharding=fsdp: a policy rank received no rows; every rank needs at "
-            "least one row per mini-batch (raise data.prompts_per_step or lower policy_ranks)"
+            "least one row per mini-batch (raise the rows of a step or lower policy_ranks)"
         )
     ids = getattr(source, "group_ids", None)
     if ids is None:
