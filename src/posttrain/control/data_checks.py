@@ -57,8 +57,8 @@ def check_data_files(config: PosttrainConfig) -> None:
 
 
 def held_out_covers_ranks(config: PosttrainConfig, count: int, path: str, unit: str) -> None:
-    """A policy-only entry's policy ranks each score a share of the held-out ``unit``\ s (rows,
-    whole pairs), so an evaluating run needs one for each."""
+    """A policy-only entry's policy ranks each score a share of the held-out set (rows, whole
+    pairs: ``unit``), so an evaluating run needs one for each."""
     ranks = config.placement.policy_ranks
     if not config.rl.eval_every or count >= ranks:
         return

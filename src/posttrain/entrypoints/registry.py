@@ -32,7 +32,7 @@ class Entry:
     (``refused_note`` says why). ``pinned_label``: the ``job.algorithm`` its runs record.
     ``sections``: config sections only this entry reads. ``rules``: its own preflight rule
     module. ``max_policy_ranks``: the policy ranks it places at most; ``shardable``: whether
-    they may be FSDP-sharded. ``step_key``: the knob of how many ``unit``\ s (rows, pairs) a
+    they may be FSDP-sharded. ``step_key``: the knob of how many of its ``unit`` (row, pair) a
     policy-only step draws, each rank taking whole ones. ``cli``: a module with
     ``add_arguments(parser)`` and ``dispatch(args, overrides)`` when the entry has more than
     ``--config`` (and ``--objective`` where ``objective_flag``). ``data_keys`` / ``data_fix``:
