@@ -20,6 +20,7 @@ exact; for a rollout, whose groups are contiguous already, it is the identity.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
 
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.trainer.accumulate import group_order, split_evenly
@@ -62,13 +63,8 @@ def rank_rows(
 
 def _runs(ids: Sequence[int]) -> list[list[int]]:
     """Positions of ``ids`` in runs of equal values (each group's rows, brought together)."""
-    runs: list[list[int]] = []
-    for i, g in enumerate(ids):
-        if runs and ids[runs[-1][0]] == g:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
+    positions = groupby(range(len(ids)), key=ids.__getitem__)
+    return [list(run) for _, run in positions]
 
 
 def shard_batch(
