@@ -21,6 +21,8 @@ from posttrain.rollout import vllm_process  # noqa: E402
 VLLM = ["rollout.engine=vllm"]
 LORA = ["model.lora_rank=8"]
 ADAPTER = ["vllm.lora_sync=adapter"]
+#: The tiny preset's shape (4 heads), with no folder whose config.json would decide instead.
+TINY = ["model.name_or_path=/nonexistent/tiny", "model.init_preset=tiny"]
 REPO = Path(__file__).resolve().parents[1]
 
 CASES: list[Case] = [
@@ -38,6 +40,9 @@ CASES: list[Case] = [
     ("vllm_lora_runs_eager", [*VLLM, *LORA, *ADAPTER, "vllm.enforce_eager=false"],
      "vllm.enforce_eager=false with vllm.lora_sync=adapter: vLLM's CPU build runs a model with "
      "LoRA enabled eager", [*VLLM, *LORA, "vllm.enforce_eager=false"]),
+    ("vllm_heads_split_evenly", [*VLLM, *TINY, "vllm.tensor_parallel_size=3"],
+     "vllm.tensor_parallel_size=3: the model has 4 attention heads, which vLLM cannot share out "
+     "evenly over 3 workers; use a divisor of 4", [*VLLM, *TINY, "vllm.tensor_parallel_size=2"]),
 ]  # fmt: skip
 
 
@@ -131,11 +136,64 @@ def test_a_vllm_process_that_dies_at_start_is_one_line_naming_the_engine(monkeyp
     assert "(last line: ImportError: no vllm here)" in text
 
 
-def test_the_install_keeps_every_requirement_but_the_cuda_media_wheels():
-    path = REPO / "src/posttrain/rollout/vllm_proc/vllm_requirements.py"
-    spec = importlib.util.spec_from_file_location("vllm_requirements", path)
+def _proc_module(name: str):
+    """A module of vLLM's side (``rollout/vllm_proc``), imported here without vLLM."""
+    path = REPO / "src/posttrain/rollout/vllm_proc" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers", "bind"),
+    [([0, 1], 2, "0|1"), ([4, 5, 6], 2, "4,5|6"), ([0, 1, 2, 3], 2, "0,1|2,3"), ([0, 1], 1, None)],
+)
+def test_tensor_parallel_workers_on_the_cpu_build_share_the_cpus_in_order(
+    monkeypatch, cpus, workers, bind
+):
+    """vLLM's own CPU binding wants a NUMA node per worker; the worker binds a share of its
+    CPUs per worker instead (what let ``vllm.tensor_parallel_size=2`` start on this 2-core,
+    1-node machine), and keeps a binding the user set."""
+    _fake_vllm_platform(monkeypatch, cpu=True)
+    worker = _proc_module("posttrain_vllm_worker")
+    monkeypatch.setattr(worker.os, "sched_getaffinity", lambda pid: set(cpus))
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    assert worker.cpu_thread_binding(workers) is None
+    assert worker.os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == bind
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1|2-3")
+    assert worker.cpu_thread_binding(workers) is None
+    assert worker.os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|2-3"
+
+
+def test_more_tensor_parallel_workers_than_cpus_is_one_line_and_a_gpu_build_binds_nothing(
+    monkeypatch,
+):
+    worker = _proc_module("posttrain_vllm_worker")
+    monkeypatch.setattr(worker.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    _fake_vllm_platform(monkeypatch, cpu=True)
+    assert worker.cpu_thread_binding(4) == (
+        "vllm.tensor_parallel_size=4 needs a CPU per worker on vLLM's CPU build and this "
+        "process may use 2; lower it, or set VLLM_CPU_OMP_THREADS_BIND"
+    )
+    _fake_vllm_platform(monkeypatch, cpu=False)
+    assert worker.cpu_thread_binding(4) is None
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in worker.os.environ
+
+
+def _fake_vllm_platform(monkeypatch, cpu: bool) -> None:
+    platform = type("Platform", (), {"is_cpu": staticmethod(lambda: cpu)})()
+    vllm = type(sys)("vllm")
+    platforms = type(sys)("vllm.platforms")
+    platforms.current_platform = platform
+    vllm.platforms = platforms
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+
+
+def test_the_install_keeps_every_requirement_but_the_cuda_media_wheels():
+    module = _proc_module("vllm_requirements")
     declared = [
         "regex", "transformers<5.20.0,>=5.16.1", 'torch==2.13.0+cpu; platform_machine == "x86_64"',
         'torchaudio; platform_machine != "s390x"', "torchvision; platform_machine != 'riscv64'",
@@ -153,3 +211,19 @@ def test_a_lora_policy_sends_adapters_except_to_vllm_asked_for_merged_weights(vl
     assert sends_adapters(cfg(LORA))  # the torch engine merges them onto its base copy
     assert not sends_adapters(cfg([*VLLM, *LORA]))  # merged full weights, the default
     assert sends_adapters(cfg([*VLLM, *LORA, *ADAPTER]))  # vLLM's LoRA path
+
+
+def test_every_knob_of_the_vllm_section_reaches_the_engine(vllm_env):
+    """Each field of the ``vllm`` section, set away from its default, arrives in the engine's
+    options under its own name (``lora_sync`` decides the adapter fields instead)."""
+    from posttrain.config.vllm import VllmConfig
+    from posttrain.placement.roles import vllm_options
+
+    changed = {"kv_cache_space_gib": 3.5, "max_model_len": 96, "enforce_eager": False,
+               "enable_prefix_caching": False, "tensor_parallel_size": 2}  # fmt: skip
+    assert set(changed) == set(VllmConfig.model_fields) - {"lora_sync"}
+    options = vllm_options(cfg([*VLLM, *(f"vllm.{k}={v}" for k, v in changed.items())]), "cpu")
+    assert {k: getattr(options, k) for k in changed} == changed
+    assert options.dtype == "float32" and options.lora_rank == 0
+    adapters = vllm_options(cfg([*VLLM, *LORA, *ADAPTER]), "cpu")
+    assert (adapters.lora_rank, options.lora_rank) == (8, 0)

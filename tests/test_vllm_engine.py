@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -188,6 +189,35 @@ def test_a_bucketed_sync_samples_the_new_weights_and_a_sync_back_the_old_bit_for
     again = engine.generate(prompts, n=2, temperature=0.7, max_tokens=16, seed=3)
     assert torch.equal(again.batch.input_ids, before.batch.input_ids)
     assert torch.equal(again.batch.rollout_logprobs, before.batch.rollout_logprobs)
+
+
+def test_two_tensor_parallel_workers_sample_as_one_and_both_take_a_sync(engine, folders):
+    """``vllm.tensor_parallel_size=2``: the model's two heads (and MLP columns) split over two
+    workers, one CPU each. With the same seeds the split engine samples the single engine's ids
+    with log-probs within the bound (measured 1e-6: its all-reduce sums in another order), and
+    after a bucketed sync the samples are the new weights' (each worker reloaded its shard)."""
+    first, tokenizer = load_policy(folders[0])
+    policy, _ = load_policy(folders[1])
+    options = replace(OPTIONS, tensor_parallel_size=2)
+    split = VllmRolloutEngine(first, tokenizer, weights_from=folders[0], options=options)
+    try:
+        assert (engine.workers, split.workers) == (1, 2)
+        _sync(engine, first)  # whatever an earlier test left in the module's engine
+        prompts = [*PROMPTS, LONG]
+        one = engine.generate(prompts, n=2, temperature=0.7, max_tokens=16, seed=5)
+        two = split.generate(prompts, n=2, temperature=0.7, max_tokens=16, seed=5)
+        assert torch.equal(one.batch.input_ids, two.batch.input_ids)
+        gap = (one.batch.rollout_logprobs - two.batch.rollout_logprobs).abs()
+        print(f"tensor parallel 2 vs 1: max log-prob gap {float(gap.max()):.2e}")
+        assert float(gap.max()) <= LOGPROB_BOUND
+        _sync(split, policy)
+        synced = split.generate(prompts, n=2, temperature=0.7, max_tokens=16, seed=5)
+        with torch.no_grad():
+            trainer = response_logprobs(policy, synced.batch, temperature=0.7)
+        after = (trainer - synced.batch.rollout_logprobs).abs()[synced.batch.response_mask]
+        assert float(after.max()) <= LOGPROB_BOUND
+    finally:
+        split.close()
 
 
 def test_a_lora_policy_syncs_its_merged_weights(engine, folders):
@@ -361,7 +391,9 @@ def vllm_processes(parent: int) -> set[int]:
 
 def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, folders):
     """A LoRA policy with ``vllm.lora_sync=merged``, the default (every sync its merged full
-    weights; adapters alone are ``test_vllm_lora.py``'s)."""
+    weights; adapters alone are ``test_vllm_lora.py``'s), sampled by vLLM split over two
+    tensor-parallel workers (one CPU each): every step's log-probs, also after each sync, are
+    the trainer's within the single-worker bound."""
     opts = [
         f"job.output_root={tmp_path / 'out'}", f"model.name_or_path={folders[0]}",
         "rollout.engine=vllm", "rollout.dtype=float32", "rl.grpo_surrogate=clipped",
@@ -370,6 +402,7 @@ def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, fo
         "rl.micro_batch_size=8", "logging.progress=false", "model.lora_rank=4",
         "model.lora_alpha=8.0", "model.lora_target_modules=[q_proj,v_proj]", "rl.lr=0.01",
         "rl.entropy_coef=0.1",  # a gradient whatever the rewards (all 0 for a random model)
+        "vllm.tensor_parallel_size=2",  # the model's 2 heads, one per worker
     ]  # fmt: skip
     config = load_config("arithmetic", ["--", *opts])
     assert config.vllm.lora_sync == "merged"  # the default

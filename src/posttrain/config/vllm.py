@@ -3,7 +3,7 @@
 The sampled dtype stays ``rollout.dtype`` (one owner for every engine); the sampling parameters
 stay in ``rollout``. These are vLLM's own engine settings on the CPU build: the KV space, the
 context it reserves, eager or compiled forwards, prefix caching, and how a LoRA policy's weights
-reach it.
+reach it, and how many workers it is split across.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ class VllmConfig(Section):
     kv_cache_space_gib: float = Field(
         1.0,
         gt=0,
-        description="KV-cache memory vLLM reserves, in GiB (its `kv_cache_memory_bytes`; "
+        description="KV-cache memory vLLM reserves, in GiB, per tensor-parallel worker (its "
+        "`kv_cache_memory_bytes`, which overrides its `gpu_memory_utilization` on a GPU; "
         "`VLLM_CPU_KVCACHE_SPACE` in the environment is ignored); bounds how many tokens of all "
         "running rows it holds at once.",
     )
@@ -47,6 +48,16 @@ class VllmConfig(Section):
         "prefill, and a multi-turn trajectory's next turn reuses the KV blocks of its earlier "
         "ones (without it every turn prefills the whole trajectory again). Dropped after every "
         "weight sync, so no KV of old weights is reused.",
+    )
+
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="vLLM workers the model is split across (its `tensor_parallel_size`): "
+        "attention heads and MLP columns shared out, one all-reduce per layer. On a GPU build, "
+        "one GPU each; on the CPU build, one share of this process's CPUs each (split in "
+        "order, unless `VLLM_CPU_OMP_THREADS_BIND` says otherwise). The model's attention "
+        "heads must divide by it.",
     )
 
     lora_sync: Literal["merged", "adapter"] = Field(

@@ -14,7 +14,8 @@ from posttrain.control.reads import reads_or_none
 from posttrain.control.rules import are, changed, error, warning
 
 _KNOBS = (
-    "kv_cache_space_gib", "max_model_len", "enforce_eager", "enable_prefix_caching", "lora_sync"
+    "kv_cache_space_gib", "max_model_len", "enforce_eager", "enable_prefix_caching",
+    "tensor_parallel_size", "lora_sync",
 )  # fmt: skip
 #: The largest adapter rank vLLM's LoRA path takes (its ``max_lora_rank`` choices end there).
 VLLM_MAX_LORA_RANK = 512
@@ -100,8 +101,27 @@ def vllm_without_is_correction(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@error("rollout.engine", "vllm.tensor_parallel_size", "model.name_or_path")
+def vllm_heads_split_evenly(cfg: PosttrainConfig) -> str | None:
+    """vLLM gives each tensor-parallel worker an equal share of the attention heads; a count
+    that does not divide would fail inside its engine process, after the load."""
+    tp = cfg.vllm.tensor_parallel_size
+    if not _on(cfg) or tp == 1:
+        return None
+    from posttrain.control.memory import model_shape
+
+    shape = model_shape(cfg)
+    if shape is None or shape.heads % tp == 0:
+        return None
+    return (
+        f"vllm.tensor_parallel_size={tp}: the model has {shape.heads} attention heads, which "
+        f"vLLM cannot share out evenly over {tp} workers; use a divisor of {shape.heads}"
+    )
+
+
 RULES = (
     vllm_section_needs_the_engine,
+    vllm_heads_split_evenly,
     vllm_environment_exists,
     vllm_without_is_correction,
     vllm_lora_sync_needs_lora,

@@ -359,25 +359,31 @@ def _out_of_process_engine(cfg: PosttrainConfig, device: str | None):
     """An engine in its own process (``rollout.engine=vllm``): the policy's architecture as a
     meta-device skeleton (weight names and ties; no weights read here), the tokenizer, and the
     engine loading the model folder itself; the run's first sync sends the policy's weights."""
-    from posttrain.rollout.vllm_engine import VllmOptions
-
     skeleton, tokenizer = load_policy(
         cfg.model.name_or_path, cfg.model.tokenizer_path, "float32", None, skeleton=True
     )
+    engine = build_engine(
+        cfg.rollout.engine, skeleton, tokenizer, weights_from=cfg.model.name_or_path,
+        options=vllm_options(cfg, device),
+    )  # fmt: skip
+    return engine, tokenizer
+
+
+def vllm_options(cfg: PosttrainConfig, device: str | None):
+    """The ``vllm`` section, the rollout dtype and (when vLLM applies them itself) the LoRA
+    adapters' shape, as the vLLM engine takes them."""
+    from posttrain.rollout.vllm_engine import VllmOptions
+
     v, m = cfg.vllm, cfg.model
     adapters = bool(m.lora_rank) and sends_adapters(cfg)
-    options = VllmOptions(
+    return VllmOptions(
         dtype=rollout_dtype(cfg.rollout.dtype, device), kv_cache_space_gib=v.kv_cache_space_gib,
         max_model_len=v.max_model_len, enforce_eager=v.enforce_eager,
         enable_prefix_caching=v.enable_prefix_caching,
+        tensor_parallel_size=v.tensor_parallel_size,
         lora_rank=m.lora_rank if adapters else 0, lora_alpha=m.lora_alpha if adapters else 0.0,
         lora_targets=tuple(m.lora_target_modules) if adapters else (),
     )  # fmt: skip
-    engine = build_engine(
-        cfg.rollout.engine, skeleton, tokenizer, weights_from=cfg.model.name_or_path,
-        options=options,
-    )  # fmt: skip
-    return engine, tokenizer
 
 
 def _load_tokenizer(cfg: PosttrainConfig):

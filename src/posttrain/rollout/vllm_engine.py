@@ -68,6 +68,7 @@ class VllmOptions:
     max_model_len: int | None = None
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
+    tensor_parallel_size: int = 1
     #: A LoRA policy whose adapters vLLM applies itself (0: full weights only), its peft scale
     #: numerator and target modules (``model.lora_*``).
     lora_rank: int = 0
@@ -136,6 +137,7 @@ class VllmRolloutEngine:
                 "dtype": options.dtype,
                 "enforce_eager": options.enforce_eager,
                 "enable_prefix_caching": options.enable_prefix_caching,
+                "tensor_parallel_size": options.tensor_parallel_size,
                 "max_model_len": options.max_model_len,
                 "kv_cache_memory_bytes": int(options.kv_cache_space_gib * 2**30),
                 "logprobs_mode": "processed_logprobs",
@@ -157,6 +159,8 @@ class VllmRolloutEngine:
             raise
         self.max_model_len = int(self.process.ready["max_model_len"])
         self.vocab_size = int(self.process.ready["vocab_size"])
+        #: The tensor-parallel workers vLLM reports it started (``vllm.tensor_parallel_size``).
+        self.workers = int(self.process.ready["tensor_parallel_size"])
         self._receiver = VllmWeights(self)
         self._turn_seeds: torch.Generator | None = None
 

@@ -22,7 +22,9 @@ pickled dicts until told to close:
 
 Every reply is ``{"ok": True, ...}`` or ``{"ok": False, "error": one line}``. The first message,
 after the model has loaded, is ``{"ok": True, "vllm": version, "max_model_len": ...,
-"vocab_size": ...}``.
+"vocab_size": ..., "tensor_parallel_size": ...}``. With tensor-parallel workers on the CPU build,
+each worker's OpenMP threads are bound to a share of this process's CPUs
+(:func:`cpu_thread_binding`).
 """
 
 from __future__ import annotations
@@ -173,6 +175,37 @@ def unsupported_head_size(model_dir: str) -> str | None:
     )
 
 
+def cpu_thread_binding(workers: int) -> str | None:
+    """Why ``workers`` tensor-parallel workers cannot run on vLLM's CPU build here, or None,
+    after setting ``VLLM_CPU_OMP_THREADS_BIND`` to one share of this process's CPUs per worker.
+
+    vLLM's own CPU binding gives each worker a NUMA node of its own and refuses more workers
+    than nodes (one node on most machines); a list per worker (``"0|1"``) binds each worker's
+    OpenMP threads to its share instead. A binding the user set is kept; a GPU build reads none."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return None
+    if workers == 1 or not current_platform.is_cpu():
+        return None
+    if os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < workers:
+        return (
+            f"vllm.tensor_parallel_size={workers} needs a CPU per worker on vLLM's CPU build and "
+            f"this process may use {len(cpus)}; lower it, or set VLLM_CPU_OMP_THREADS_BIND"
+        )
+    share, extra = divmod(len(cpus), workers)
+    lists, start = [], 0
+    for w in range(workers):
+        end = start + share + (w < extra)
+        lists.append(",".join(map(str, cpus[start:end])))
+        start = end
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(lists)
+    return None
+
+
 def _end_group() -> None:
     """End vLLM's engine-core processes before this one exits. The driver starts this process as
     the leader of a session of its own and vLLM's children join its group; a driver that
@@ -211,7 +244,9 @@ def _main() -> None:
     authkey = bytes.fromhex(sys.stdin.readline().strip())
     conn = Client((host, int(port)), authkey=authkey)
     options = conn.recv()  # the LLM keywords the driver resolved
-    refused = unsupported_head_size(options["model"])
+    refused = unsupported_head_size(options["model"]) or cpu_thread_binding(
+        int(options.get("tensor_parallel_size", 1))
+    )
     if refused is not None:
         conn.send({"ok": False, "error": refused})
         return
@@ -230,6 +265,9 @@ def _main() -> None:
             "vllm": __version__,
             "max_model_len": int(model_config.max_model_len),
             "vocab_size": int(model_config.get_vocab_size()),
+            "tensor_parallel_size": int(
+                llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size
+            ),
         }
     )
     _serve(conn, llm)
