@@ -220,7 +220,8 @@ def test_every_knob_of_the_vllm_section_reaches_the_engine(vllm_env):
     from posttrain.placement.roles import vllm_options
 
     changed = {"kv_cache_space_gib": 3.5, "max_model_len": 96, "enforce_eager": False,
-               "enable_prefix_caching": False, "tensor_parallel_size": 2}  # fmt: skip
+               "enable_prefix_caching": False, "tensor_parallel_size": 2,
+               "gpu_memory_utilization": 0.6}  # fmt: skip
     assert set(changed) == set(VllmConfig.model_fields) - {"lora_sync"}
     options = vllm_options(cfg([*VLLM, *(f"vllm.{k}={v}" for k, v in changed.items())]), "cpu")
     assert {k: getattr(options, k) for k in changed} == changed

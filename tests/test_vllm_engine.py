@@ -27,12 +27,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from multiturn_fixtures import build_tools_model
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from posttrain.config import load_config
 from posttrain.data.logprobs import response_logprobs
-from posttrain.entrypoints import grpo, opd
+from posttrain.entrypoints import grpo
 from posttrain.env.episode import TurnRequest
 from posttrain.model.loading import load_policy
 from posttrain.model.lora import apply_lora
@@ -43,7 +42,6 @@ from posttrain.placement.errors import RoleFailedError
 from posttrain.placement.weight_sync import WeightSink, WeightSource
 from posttrain.rollout.vllm_engine import VllmOptions, VllmRolloutEngine
 from posttrain.rollout.vllm_process import missing_vllm_message, vllm_python
-from posttrain.run.records import default_out_dir
 
 #: vLLM's float32 processed log-probs vs the trainer's float32 forward, any sampled token: 10x
 #: the largest gap measured on this model (4.8e-7, mean 1.2e-7 over 207 tokens at T=0.7; the
@@ -434,34 +432,3 @@ def test_a_head_size_vllms_cpu_attention_does_not_take_is_one_line(tmp_path):
     text = str(info.value)
     assert "\n" not in text and text.startswith("rollout.engine=vllm: start failed in vLLM: ")
     assert "the model's attention head size is 8, which vLLM's CPU attention does not take" in text
-
-
-def test_opd_samples_multi_turn_trajectories_with_vllm(tmp_path):
-    """OPD (a teacher scoring the student's samples) on a multi-turn environment, sampling with
-    the engine: each turn's ids go to vLLM as the trajectory's ids, and the trainer's forward of
-    the whole trajectories agrees with vLLM's log-probs within the bound every step."""
-    student = build_tools_model(tmp_path / "student", heads=1)
-    teacher = build_tools_model(tmp_path / "teacher", seed=1, heads=1)
-    opts = {
-        "job.output_root": str(tmp_path / "out"), "model.name_or_path": str(student),
-        "teacher.name_or_path": str(teacher), "rollout.engine": "vllm",
-        "rollout.dtype": "float32", "data.train_size": 16, "data.val_size": 4,
-        "data.prompts_per_step": 2, "rollout.n": 4, "rollout.max_tokens": 6, "rl.max_steps": 2,
-        "rl.save_every": 2, "rl.eval_every": 2, "rl.micro_batch_size": 8,
-        "logging.progress": False, "env.name": "multiturn_fixtures:chatty", "env.max_turns": 3,
-        "env.max_context": 120, "rl.distillation_mode": "advantage",
-    }  # fmt: skip
-    opts = [f"{k}={v}" for k, v in opts.items()]
-    config = load_config("opd_arithmetic", ["--", *opts])
-    assert config.rl.rollout_is_cap == 2.0
-    before = vllm_processes(os.getpid())
-    summary = opd.run(config, "opd_arithmetic", opts, default_out_dir(config))
-    assert vllm_processes(os.getpid()) == before
-    rows = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").open()]
-    steps = [r for r in rows if "train/opd/reverse_kl" in r]
-    assert len(steps) == 2
-    assert all(r["train/env/turns_mean"] > 1 and r["train/env/env_tokens_mean"] > 0 for r in steps)
-    worst = [r["train/rollout/logprob_abs_diff_max"] for r in steps]
-    print(f"OPD multi-turn with vLLM: logprob_abs_diff_max {worst}")
-    assert all(0 <= w <= LOGPROB_BOUND for w in worst)
-    assert "val/env/turns_mean" in rows[-1]

@@ -1,12 +1,14 @@
-"""rollout.engine=vllm on a Ray rollout actor, on the data side of rl.off_policy_lag=1.
+"""rollout.engine=vllm on a Ray rollout actor: GRPO on a multi-turn environment on the data side
+of rl.off_policy_lag=1, and OPD on a multi-turn environment.
 
 The rollout role's actor starts the vLLM process itself (the same child process as under local
-placement) and takes the policy's full weights after every update through Ray. Step 1 samples
-with the weights the trainer scores π_old with, so vLLM's log-probs equal the trainer's forward
-within the float32 bound of tests/test_vllm_engine.py; later steps were sampled one update
-earlier (staleness 1) and the gap is the policy's own change, which the importance weight
-corrects. No vLLM process outlives the run (Ray ends actors without their atexit). Kept to one
-short run: a Ray actor and a vLLM start are most of its time.
+placement) and takes the policy's full weights after every update through Ray; the
+environments run in the reward actor, and each turn's context goes to vLLM as the trajectory's
+ids. Where a step samples with the weights the trainer scores π_old with, vLLM's log-probs equal
+the trainer's forward within the float32 bound of tests/test_vllm_engine.py; under the lag later
+steps were sampled one update earlier (staleness 1) and the gap is the policy's own change,
+which the importance weight corrects. No vLLM process outlives a run (Ray ends actors without
+their atexit). Kept to two short runs: Ray actors and a vLLM start are most of their time.
 """
 
 from __future__ import annotations
@@ -19,16 +21,21 @@ import pytest
 
 pytest.importorskip("ray")
 
-from test_vllm_engine import (  # noqa: E402
-    LOGPROB_BOUND,
-    _need_vllm,
-    build_model_dir,
-    vllm_processes,
-)
+from multiturn_fixtures import build_tools_model  # noqa: E402
+from test_vllm_engine import LOGPROB_BOUND, _need_vllm, vllm_processes  # noqa: E402
 
 from posttrain.config import load_config  # noqa: E402
-from posttrain.entrypoints import grpo  # noqa: E402
+from posttrain.entrypoints import grpo, opd  # noqa: E402
 from posttrain.model.loading import load_policy  # noqa: E402
+
+#: A multi-turn run on the tools model (head size 32: vLLM's CPU attention takes it), on Ray.
+MULTI_TURN = {
+    "data.train_size": 16, "data.val_size": 4, "data.prompts_per_step": 2, "rollout.n": 4,
+    "rollout.max_tokens": 6, "rl.max_steps": 3, "rl.save_every": 3, "rl.eval_every": 3,
+    "rl.micro_batch_size": 8, "logging.progress": False, "rollout.engine": "vllm",
+    "rollout.dtype": "float32", "placement.backend": "ray", "placement.cpus_per_role": 0.5,
+    "env.name": "multiturn_fixtures:chatty", "env.max_turns": 3, "env.max_context": 120,
+}  # fmt: skip
 
 
 def _orphaned_vllm() -> set[int]:
@@ -38,32 +45,58 @@ def _orphaned_vllm() -> set[int]:
     return vllm_processes(1)
 
 
-def test_a_lagged_ray_run_samples_with_vllm_on_the_data_side(tmp_path, ray_cluster):
-    _need_vllm()
-    folder = build_model_dir(tmp_path / "model", seed=0)
-    opts = [
-        f"job.output_root={tmp_path / 'out'}", f"model.name_or_path={folder}",
-        "rollout.engine=vllm", "rollout.dtype=float32", "rl.grpo_surrogate=clipped",
-        "placement.backend=ray", "placement.cpus_per_role=0.5", "rl.off_policy_lag=1",
-        "data.train_size=40", "data.val_size=4",
-        "data.prompts_per_step=4", "rollout.n=4", "rollout.max_tokens=4", "rl.max_steps=3",
-        "rl.save_every=3", "rl.eval_every=3", "rl.micro_batch_size=8", "logging.progress=false",
-        "rl.lr=0.01", "rl.entropy_coef=0.1",  # a gradient whatever the rewards
-    ]  # fmt: skip
-    config = load_config("arithmetic", ["--", *opts])
+def _run(entry, recipe: str, opts: dict) -> list[dict]:
+    """Run ``entry`` on ``recipe`` with ``opts``; its metrics rows, once no vLLM process of the
+    run is left."""
+    opts = [f"{k}={v}" for k, v in opts.items()]
+    config = load_config(recipe, ["--", *opts])
+    assert config.rl.rollout_is_cap == 2.0  # on by default with this engine
     orphans = _orphaned_vllm()
-    summary = grpo.run(config, "arithmetic", opts, grpo.default_out_dir(config))
+    summary = entry.run(config, recipe, opts, entry.default_out_dir(config))
     deadline = time.monotonic() + 30  # the run closes its rollout role's engine
     while _orphaned_vllm() - orphans and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _orphaned_vllm() - orphans, "vLLM's processes outlived the run's rollout actor"
-    rows = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").open()]
+    return [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").open()]
+
+
+def test_a_lagged_multi_turn_ray_run_samples_with_vllm_on_the_data_side(tmp_path, ray_cluster):
+    _need_vllm()
+    folder = build_tools_model(tmp_path / "model", heads=1)
+    rows = _run(grpo, "arithmetic", {
+        **MULTI_TURN, "job.output_root": tmp_path / "out", "model.name_or_path": folder,
+        "rl.grpo_surrogate": "clipped", "rl.off_policy_lag": 1,
+        "reward.functions": "[multiturn_fixtures:length_reward]",
+        "rl.lr": 0.01, "rl.entropy_coef": 0.1,  # a gradient whatever the rewards
+    })  # fmt: skip
     steps = [r for r in rows if "train/loss" in r]
     assert [r["train/offpolicy/staleness"] for r in steps] == [0.0, 1.0, 1.0]
+    assert all(r["train/env/turns_mean"] > 1 and r["train/env/env_tokens_mean"] > 0 for r in steps)
     gaps = [r["train/rollout/logprob_abs_diff_max"] for r in steps]
-    print(f"vLLM on a Ray rollout actor, lag 1: logprob_abs_diff_max {gaps}")
+    print(f"multi-turn vLLM on a Ray rollout actor, lag 1: logprob_abs_diff_max {gaps}")
     assert gaps[0] <= LOGPROB_BOUND  # sampled with the weights π_old is scored with
     assert all(g > 100 * LOGPROB_BOUND for g in gaps[1:])  # a step older: the policy moved
     full = sum(p.numel() * 4 for p in load_policy(folder)[0].parameters())
     assert all(r["sync/bytes"] == full for r in steps)
-    assert "val/accuracy" in rows[-1]
+    assert "val/accuracy" in rows[-1] and "val/env/turns_mean" in rows[-1]
+
+
+def test_opd_on_ray_samples_multi_turn_trajectories_with_vllm(tmp_path, ray_cluster):
+    """OPD (a teacher actor scoring the student's samples) on a multi-turn environment: every
+    step is sampled with the weights π_old is scored with, so the trainer's forward of the
+    whole trajectories agrees with vLLM's log-probs within the bound every step."""
+    _need_vllm()
+    student = build_tools_model(tmp_path / "student", heads=1)
+    teacher = build_tools_model(tmp_path / "teacher", seed=1, heads=1)
+    rows = _run(opd, "opd_arithmetic", {
+        **MULTI_TURN, "job.output_root": tmp_path / "out", "model.name_or_path": student,
+        "teacher.name_or_path": teacher, "rl.max_steps": 2, "rl.save_every": 2,
+        "rl.eval_every": 2, "rl.distillation_mode": "advantage",
+    })  # fmt: skip
+    steps = [r for r in rows if "train/opd/reverse_kl" in r]
+    assert len(steps) == 2
+    assert all(r["train/env/turns_mean"] > 1 and r["train/env/env_tokens_mean"] > 0 for r in steps)
+    worst = [r["train/rollout/logprob_abs_diff_max"] for r in steps]
+    print(f"OPD multi-turn with vLLM on Ray: logprob_abs_diff_max {worst}")
+    assert all(0 <= w <= LOGPROB_BOUND for w in worst)
+    assert "val/env/turns_mean" in rows[-1]

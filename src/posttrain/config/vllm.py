@@ -29,6 +29,16 @@ class VllmConfig(Section):
         "`VLLM_CPU_KVCACHE_SPACE` in the environment is ignored); bounds how many tokens of all "
         "running rows it holds at once.",
     )
+    gpu_memory_utilization: float = Field(
+        0.3,
+        gt=0,
+        le=1,
+        description="vLLM's `gpu_memory_utilization` on a GPU build (the CPU build reads "
+        "none): at start vLLM refuses to load unless this fraction of the GPU is free, "
+        "whatever `vllm.kv_cache_space_gib` reserves, so beside a trainer on the same GPU it "
+        "must stay below the fraction the trainer leaves free. 0.3 as TRL's colocate mode; "
+        "vLLM's own default, 0.9, assumes a GPU of its own.",
+    )
     max_model_len: int | None = Field(
         None,
         gt=0,

@@ -24,7 +24,7 @@ _LOOP_KNOBS = {
     "rollout": ("n", "temperature", "top_p", "max_tokens", "engine", "dtype"),
     "env": ("name", "tools", "max_turns", "max_context"),
     "vllm": ("kv_cache_space_gib", "max_model_len", "enforce_eager", "enable_prefix_caching",
-             "tensor_parallel_size", "lora_sync"),
+             "tensor_parallel_size", "gpu_memory_utilization", "lora_sync"),
     "reward": ("verifier", "format_weight", "functions", "shared_prefix_mask", "mask_truncated"),
     "rl": ("objective_builder", "dynamic_sampling", "max_sampling_rounds",
            "mini_batch_per_replica", "micro_batch_tokens", "off_policy_lag"),

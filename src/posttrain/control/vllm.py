@@ -15,7 +15,7 @@ from posttrain.control.rules import are, changed, error, warning
 
 _KNOBS = (
     "kv_cache_space_gib", "max_model_len", "enforce_eager", "enable_prefix_caching",
-    "tensor_parallel_size", "lora_sync",
+    "tensor_parallel_size", "gpu_memory_utilization", "lora_sync",
 )  # fmt: skip
 #: The largest adapter rank vLLM's LoRA path takes (its ``max_lora_rank`` choices end there).
 VLLM_MAX_LORA_RANK = 512

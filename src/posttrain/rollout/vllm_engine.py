@@ -69,6 +69,7 @@ class VllmOptions:
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
     tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.3
     #: A LoRA policy whose adapters vLLM applies itself (0: full weights only), its peft scale
     #: numerator and target modules (``model.lora_*``).
     lora_rank: int = 0
@@ -138,6 +139,7 @@ class VllmRolloutEngine:
                 "enforce_eager": options.enforce_eager,
                 "enable_prefix_caching": options.enable_prefix_caching,
                 "tensor_parallel_size": options.tensor_parallel_size,
+                "gpu_memory_utilization": options.gpu_memory_utilization,
                 "max_model_len": options.max_model_len,
                 "kv_cache_memory_bytes": int(options.kv_cache_space_gib * 2**30),
                 "logprobs_mode": "processed_logprobs",
