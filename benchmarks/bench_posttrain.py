@@ -9,12 +9,51 @@ policy forwards; what remains of the update is loss math, backward and the optim
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
+
+
+class TreeRss:
+    """The peak of the summed resident memory of this process and every descendant, sampled
+    every ``period`` s in a daemon thread: an engine in processes of its own (vLLM's worker and
+    engine core) is part of the side's memory, which the child's ``ru_maxrss`` (one process's
+    peak) does not add up."""
+
+    def __init__(self, period: float = 0.2) -> None:
+        self.peak_bytes = 0
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        threading.Thread(target=self._run, args=(period,), daemon=True).start()
+
+    def _tree(self) -> int:
+        parents: dict[int, int] = {}
+        pages: dict[int, int] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                parents[int(entry)] = int(fields[1])
+                pages[int(entry)] = int(fields[21])
+            except (OSError, IndexError, ValueError):
+                continue
+        tree, grew = {os.getpid()}, True
+        while grew:
+            more = {p for p, pp in parents.items() if pp in tree} - tree
+            tree |= more
+            grew = bool(more)
+        return sum(pages.get(p, 0) for p in tree) * self._page
+
+    def _run(self, period: float) -> None:
+        while True:
+            self.peak_bytes = max(self.peak_bytes, self._tree())
+            time.sleep(period)
 
 
 class PhaseClock:

@@ -3,6 +3,7 @@
     make bench-trl                                   # builds .venv-bench (TRL), runs arith + small
     make bench-trl BENCH_ARGS="--workloads smollm2 long_prompt"     # after make bench-smollm2
     .venv-bench/bin/python benchmarks/vs_trl.py --workloads small --steps 4
+    make bench-trl BENCH_ARGS="--workloads smollm2 --engine vllm --sequential"  # make install-vllm
 
 Workloads: ``arith`` and ``small`` (tiny presets built on the fly), ``smollm2`` (the SmolLM2
 recipe: LoRA r16, chat-templated reasoning-gym prompts, two threads) and ``long_prompt`` (prompts
@@ -144,14 +145,17 @@ def run_side(args) -> None:
     torch.set_num_threads(w.threads)
     workdir, steps = Path(args.workdir), args.steps
     if args.child == "posttrain":
-        from bench_posttrain import PosttrainSide
+        from bench_posttrain import PosttrainSide, TreeRss
 
+        tree = TreeRss()
         extra = ("model.dtype=bfloat16", "rollout.dtype=bfloat16") if args.bf16 else ()
+        extra += (f"rollout.engine={args.engine}",)
         ours = PosttrainSide(w, model_dir, workdir / "posttrain", steps, extra)
         ctl.send(kind="ready")
         for step in range(1, steps + 1):
             ctl.wait()
-            ctl.send(kind="step", phases=ours.step(step, ours.prompts_for(step)))
+            phases = ours.step(step, ours.prompts_for(step))
+            ctl.send(kind="step", phases=phases, tree_rss_gib=tree.peak_bytes / 2**30)
         ctl.wait()
         return
     from bench_posttrain import prompt_rows, workload_config
@@ -178,13 +182,14 @@ class Child:
     """The parent's handle on one side's process: its steps, exit and peak RSS."""
 
     def __init__(self, side: str, name: str, model_dir: Path, workdir: Path, steps: int,
-                 bf16: bool, threads: int) -> None:  # fmt: skip
+                 bf16: bool, threads: int, engine: str = "torch") -> None:  # fmt: skip
         down_r, down_w = os.pipe()  # parent -> child
         up_r, up_w = os.pipe()  # child -> parent
         self.side, self.log = side, workdir / f"{side}.log"
         argv = [sys.executable, __file__, "--child", side, "--workloads", name,
                 "--model-dir", str(model_dir), "--workdir", str(workdir), "--steps", str(steps),
-                "--ctl-in", str(down_r), "--ctl-out", str(up_w), *(["--bf16"] if bf16 else [])]  # fmt: skip
+                "--ctl-in", str(down_r), "--ctl-out", str(up_w), "--engine", engine,
+                *(["--bf16"] if bf16 else [])]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
@@ -198,6 +203,8 @@ class Child:
         self.ready: dict = {}
         self.alive = True
         self.peak_rss_gib: float | None = None
+        #: The side's whole process tree (its engine's processes too), where the side samples it.
+        self.tree_rss_gib = 0.0
         self.exit: str = ""
 
     def receive(self) -> dict | None:
@@ -222,6 +229,7 @@ class Child:
         message = self.receive()
         if message is not None:
             self.steps.append(message["phases"])
+            self.tree_rss_gib = max(self.tree_rss_gib, message.get("tree_rss_gib", 0.0))
 
     def finish(self) -> None:
         """Tell it to stop, reap it, and read its peak resident memory."""
@@ -232,7 +240,7 @@ class Child:
             pass
         _, status, usage = os.wait4(self.proc.pid, 0)
         self.proc.returncode = os.waitstatus_to_exitcode(status)
-        self.peak_rss_gib = usage.ru_maxrss / 2**20  # KiB on Linux
+        self.peak_rss_gib = max(usage.ru_maxrss / 2**20, self.tree_rss_gib)  # KiB on Linux
         code = self.proc.returncode
         if code:
             self.exit = f"killed by signal {-code}" if code < 0 else f"exit {code}"
@@ -241,7 +249,7 @@ class Child:
 
 
 def measure(name: str, steps: int, warmup: int, workdir: Path, bf16: bool, sides: tuple[str, ...],
-            sequential: bool) -> dict | None:  # fmt: skip
+            sequential: bool, engine: str = "torch") -> dict | None:  # fmt: skip
     w = workload(name)
     if w is None:
         print(
@@ -252,7 +260,7 @@ def measure(name: str, steps: int, warmup: int, workdir: Path, bf16: bool, sides
     children = []
     groups = [[side] for side in sides] if sequential else [list(sides)]
     for group in groups:
-        batch = [Child(s, name, model_dir, workdir, steps, bf16, w.threads) for s in group]
+        batch = [Child(s, name, model_dir, workdir, steps, bf16, w.threads, engine) for s in group]
         for child in batch:
             child.start()
         for _ in range(steps):
@@ -263,7 +271,8 @@ def measure(name: str, steps: int, warmup: int, workdir: Path, bf16: bool, sides
             print_side(name, child, warmup)
         children += batch
     trl_ready = next((c.ready for c in children if c.side != "posttrain" and c.ready), {})
-    out = {"workload": name, "model": w.preset, "bf16": bf16, "steps_measured": steps - warmup,
+    out = {"workload": name, "model": w.preset, "bf16": bf16, "engine": engine,
+           "steps_measured": steps - warmup,
            "prompt_tokens": trl_ready.get("prompt_tokens"), "sides": {}}  # fmt: skip
     for child in children:
         kept = child.steps[warmup:]
@@ -292,7 +301,8 @@ def print_table(result: dict) -> None:
     precision = "bf16" if result["bf16"] else "fp32"
     tokens = result["prompt_tokens"]
     print(
-        f"\n{result['workload']} ({result['model']}, {precision}, prompts of "
+        f"\n{result['workload']} ({result['model']}, {precision}, posttrain rollout.engine="
+        f"{result['engine']}, prompts of "
         f"{tokens if tokens is None else round(tokens)} tokens): medians of "
         f"{result['steps_measured']} steps (ms)"
     )
@@ -332,6 +342,13 @@ def main() -> None:
         help="default: all three (long_prompt: trl and posttrain)",
     )
     ap.add_argument("--sequential", action="store_true", help="one side's process at a time")
+    ap.add_argument(
+        "--engine",
+        default="torch",
+        choices=["torch", "vllm"],
+        help="posttrain's rollout.engine (vllm: its own environment, .venv-vllm; the side's "
+        "peak RSS then sums its process tree, vLLM's processes included)",
+    )
     ap.add_argument("--json", default=None, help="also write the results to this file")
     for internal in ("--child", "--model-dir", "--workdir"):
         ap.add_argument(internal, help=argparse.SUPPRESS)
@@ -354,7 +371,9 @@ def main() -> None:
             sys.exit(f"--steps={steps} must exceed --warmup={warmup}")
         with tempfile.TemporaryDirectory() as tmp:
             sides = tuple(args.sides or DEFAULT_SIDES.get(name, SIDES))
-            result = measure(name, steps, warmup, Path(tmp), args.bf16, sides, args.sequential)
+            result = measure(
+                name, steps, warmup, Path(tmp), args.bf16, sides, args.sequential, args.engine
+            )
         if result is not None:
             results.append(result)
             print_table(result)

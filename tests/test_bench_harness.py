@@ -24,3 +24,25 @@ def test_posttrain_side_times_each_phase(tmp_path):
         assert p["step"] >= p["generate"] + p["policy_fwd"] + p["reference_fwd"] > 0
         assert "pi_old_fwd" not in p  # one update per collected batch: no scoring forward
     assert side.roles.policy.trainer.global_step == 2
+
+
+def test_tree_rss_adds_a_child_processs_memory():
+    """An engine in processes of its own (vLLM) counts in the side's peak: a child holding
+    300 MB shows in the sampled tree's peak beside this process's own."""
+    import subprocess
+    import time
+
+    from bench_posttrain import TreeRss
+
+    hold = "x = bytearray(300 * 2**20); print('ok', flush=True); input()"
+    child = subprocess.Popen(
+        [sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline() == "ok\n"
+    tree = TreeRss(period=0.05)
+    deadline = time.monotonic() + 10
+    while tree.peak_bytes < 300 * 2**20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.communicate("\n", timeout=10)
+    own = int(Path("/proc/self/statm").read_text().split()[1]) * tree._page
+    assert tree.peak_bytes >= own + 290 * 2**20
