@@ -228,3 +228,14 @@ def test_every_knob_of_the_vllm_section_reaches_the_engine(vllm_env):
     assert options.dtype == "float32" and options.lora_rank == 0
     adapters = vllm_options(cfg([*VLLM, *LORA, *ADAPTER]), "cpu")
     assert (adapters.lora_rank, options.lora_rank) == (8, 0)
+
+
+def test_the_cpu_build_prefills_prompts_whole_and_a_gpu_build_keeps_chunks(monkeypatch):
+    """vLLM's CPU build cannot rewind a seeded request's generator after a partial prefill
+    (tests/test_vllm_engine.py shows the call that died), so the worker turns chunked prefill
+    off there, and only there."""
+    worker = _proc_module("posttrain_vllm_worker")
+    _fake_vllm_platform(monkeypatch, cpu=True)
+    assert worker.cpu_scheduling({"model": "m"}) == {"model": "m", "enable_chunked_prefill": False}
+    _fake_vllm_platform(monkeypatch, cpu=False)
+    assert worker.cpu_scheduling({"model": "m"}) == {"model": "m"}

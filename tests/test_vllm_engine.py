@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -152,6 +153,21 @@ def test_the_same_seed_gives_the_same_samples_and_greedy_reports_zero(engine):
     assert torch.equal(rows[:, 0], rows[:, 1])  # greedy: both samples of a prompt agree
 
 
+def test_a_call_past_vllms_token_budget_samples_with_seeds(engine, folders):
+    """64 rows of a 140-token prompt: 8,960 prompt tokens, past vLLM's 4,096 a step. With
+    chunked prefill (vLLM's default) a seeded request's generator is rewound after a partial
+    prefill, which a CPU generator cannot do, and the engine died (found on SmolLM2's 64 rows
+    of 65 tokens); the CPU build now prefills each prompt whole."""
+    out = engine.generate([LONG] * 32, n=2, temperature=0.7, max_tokens=4, seed=11)
+    assert out.batch.input_ids.shape[0] == 64
+    _sync(engine, load_policy(folders[0])[0])  # whatever an earlier test left in the engine
+    again = engine.generate([LONG] * 32, n=2, temperature=0.7, max_tokens=4, seed=11)
+    with torch.no_grad():
+        trainer = response_logprobs(load_policy(folders[0])[0], again.batch, temperature=0.7)
+    gap = (trainer - again.batch.rollout_logprobs).abs()[again.batch.response_mask]
+    assert float(gap.max()) <= LOGPROB_BOUND
+
+
 def test_a_prompt_past_the_model_length_is_one_line(engine):
     with pytest.raises(ValueError, match=rf"exceeds vLLM's max model length {CONTEXT}; raise vl"):
         engine.generate([[1] * (CONTEXT - 4)], n=2, max_tokens=8, seed=0)
@@ -197,7 +213,10 @@ def test_two_tensor_parallel_workers_sample_as_one_and_both_take_a_sync(engine, 
     first, tokenizer = load_policy(folders[0])
     policy, _ = load_policy(folders[1])
     options = replace(OPTIONS, tensor_parallel_size=2)
+    rendezvous = set(Path(tempfile.gettempdir()).glob("vllm_dist_*"))
     split = VllmRolloutEngine(first, tokenizer, weights_from=folders[0], options=options)
+    # vLLM's torch.distributed rendezvous file went to the engine's work folder, not /tmp
+    assert set(Path(tempfile.gettempdir()).glob("vllm_dist_*")) <= rendezvous
     try:
         assert (engine.workers, split.workers) == (1, 2)
         _sync(engine, first)  # whatever an earlier test left in the module's engine

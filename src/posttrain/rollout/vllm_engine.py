@@ -151,6 +151,9 @@ class VllmRolloutEngine:
                 "VLLM_CACHE_ROOT": str(Path(workdir) / "cache"),
                 # vLLM's ZMQ socket files (default: /tmp, left behind by a killed engine)
                 "VLLM_RPC_BASE_PATH": workdir,
+                # vLLM's torch.distributed rendezvous file (``vllm_dist_*`` in the temp folder,
+                # one per start, never removed: 182 were found in /tmp)
+                "TMPDIR": workdir,
                 "TORCHINDUCTOR_CACHE_DIR": str(Path(workdir) / "inductor"),
             }
             self.process = VllmProcess(llm, env, workdir)

@@ -206,6 +206,23 @@ def cpu_thread_binding(workers: int) -> str | None:
     return None
 
 
+def cpu_scheduling(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with chunked prefill off on vLLM's CPU build (a GPU build keeps it).
+
+    When one call's prompts pass vLLM's per-step token budget (4,096 tokens: 64 rows of a
+    65-token prompt already do), vLLM prefills a prompt in chunks and, for a request with a seed,
+    rewinds its generator after each partial chunk (``gen.set_offset``), which a CPU generator
+    does not have: the engine core dies ("CPU Generator does not use offset"). Without chunks
+    each prompt is prefilled whole (vLLM then raises its budget to the model length)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return options
+    if not current_platform.is_cpu():
+        return options
+    return {**options, "enable_chunked_prefill": False}
+
+
 def _end_group() -> None:
     """End vLLM's engine-core processes before this one exits. The driver starts this process as
     the leader of a session of its own and vLLM's children join its group; a driver that
@@ -253,7 +270,10 @@ def _main() -> None:
     try:
         from vllm import LLM, __version__
 
-        llm = LLM(worker_extension_cls="posttrain_vllm_worker.PosttrainWorkerExtension", **options)
+        llm = LLM(
+            worker_extension_cls="posttrain_vllm_worker.PosttrainWorkerExtension",
+            **cpu_scheduling(options),
+        )
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
         conn.send({"ok": False, "error": f"{type(e).__name__}: {' '.join(str(e).split())}"})
