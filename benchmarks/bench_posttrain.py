@@ -21,14 +21,19 @@ from torch import nn
 
 class TreeRss:
     """The peak of the summed resident memory of this process and every descendant, sampled
-    every ``period`` s in a daemon thread: an engine in processes of its own (vLLM's worker and
-    engine core) is part of the side's memory, which the child's ``ru_maxrss`` (one process's
-    peak) does not add up."""
+    every ``period`` s in a daemon thread until :meth:`stop`: an engine in processes of its own
+    (vLLM's worker and engine core) is part of the side's memory, which the child's
+    ``ru_maxrss`` (one process's peak) does not add up. A sum of RSS counts pages the processes
+    share (the libraries each maps) once per process: an upper bound of what they hold."""
 
     def __init__(self, period: float = 0.2) -> None:
         self.peak_bytes = 0
         self._page = os.sysconf("SC_PAGE_SIZE")
+        self._stopped = threading.Event()
         threading.Thread(target=self._run, args=(period,), daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopped.set()
 
     def _tree(self) -> int:
         parents: dict[int, int] = {}
@@ -51,9 +56,9 @@ class TreeRss:
         return sum(pages.get(p, 0) for p in tree) * self._page
 
     def _run(self, period: float) -> None:
-        while True:
+        while not self._stopped.is_set():
             self.peak_bytes = max(self.peak_bytes, self._tree())
-            time.sleep(period)
+            self._stopped.wait(period)
 
 
 class PhaseClock:

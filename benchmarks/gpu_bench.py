@@ -27,7 +27,8 @@ rollout's 512 rows x 320 tokens need 3.5 GiB in bf16 on ``smollm2``, 1.9 on ``qw
 ``--vllm-eager auto``: eager with ``--smoke`` (the CPU build compiles for minutes), compiled
 with CUDA graphs on a GPU. vLLM is timed first and closed before the torch engines run, and
 the driver empties its CUDA cache before the GRPO step: a vLLM GPU build refuses to start
-unless its ``gpu_memory_utilization`` (0.9) of the GPU is free. No vLLM process outlives the
+unless its ``gpu_memory_utilization`` (``vllm.gpu_memory_utilization``, 0.3) of the GPU
+is free. No vLLM process outlives the
 bench. vLLM runs in its own interpreter (``$POSTTRAIN_VLLM_PYTHON``, else ``.venv-vllm``);
 without one ``--engine vllm`` stops with one line (exit status 1). The GPU device machine has
 no network and no vLLM: there a CUDA build of vLLM must be provided and named by
@@ -257,7 +258,7 @@ def bench_grpo_step(s: dict, device: torch.device, workdir: Path, vllm=None) -> 
     return {f"grpo_{k.split('/')[1]}": statistics.median(r[k] for r in rows) for k in keys}
 
 
-def vllm_options(args: argparse.Namespace, dtype: torch.dtype):
+def vllm_options(args: argparse.Namespace, dtype: torch.dtype, device: torch.device):
     """The rollout's and the GRPO step's vLLM settings; exits in one line without vLLM."""
     from posttrain.rollout.vllm_engine import VllmOptions
     from posttrain.rollout.vllm_process import missing_vllm_message, vllm_python
@@ -267,7 +268,8 @@ def vllm_options(args: argparse.Namespace, dtype: torch.dtype):
     eager = args.smoke if args.vllm_eager == "auto" else args.vllm_eager == "on"
     kv = args.kv_cache_gib if args.kv_cache_gib is not None else 1.0 if args.smoke else 16.0
     name = str(dtype).removeprefix("torch.")
-    return VllmOptions(dtype=name, kv_cache_space_gib=kv, enforce_eager=eager)
+    # the device: on CUDA a vLLM CPU build is refused in one line (it would time the CPU)
+    return VllmOptions(dtype=name, kv_cache_space_gib=kv, enforce_eager=eager, device=str(device))
 
 
 def main(argv=None) -> dict:
@@ -286,33 +288,43 @@ def main(argv=None) -> dict:
     ap.add_argument("--skip-grpo", action="store_true", help="rollout and update only")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    from posttrain.placement.errors import RoleFailedError
     from posttrain.run.records import quiet_libraries
 
     s = sizes(args)
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if device.type == "cpu" else getattr(torch, args.dtype)
-    vllm = vllm_options(args, dtype) if args.engine == "vllm" else None
+    vllm = vllm_options(args, dtype, device) if args.engine == "vllm" else None
     quiet_libraries()
     result: dict = {"device": str(device), "sizes": s, "dtype": str(dtype)}
     result.update(engine=args.engine, shape=args.shape)
+
+    def phase(part: dict) -> None:
+        """Keep a finished phase: printed and written at once, so a run cut short by a time
+        limit (a lent GPU's 10-minute command) still leaves what it measured."""
+        result.update(part)
+        for k, v in part.items():
+            if isinstance(v, float):
+                print(f"{k:<34}{v:>14.4g}", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2))
+
+    print(f"{'metric':<34}{'value':>14}")
     with tempfile.TemporaryDirectory() as tmp:
         repeats = 1 if args.smoke else 3
-        result.update(bench_rollout(s, dtype, device, repeats, vllm, Path(tmp)))
+        try:
+            phase(bench_rollout(s, dtype, device, repeats, vllm, Path(tmp)))
+        except RoleFailedError as e:  # vLLM refused or died: its one line
+            raise SystemExit(str(e)) from None
         free_cuda()
-        result.update(bench_update(s, device, compile=False, peak_tflops=args.peak_tflops))
+        phase(bench_update(s, device, compile=False, peak_tflops=args.peak_tflops))
         if args.compile:
             free_cuda()
             compiled = bench_update(s, device, compile=True, peak_tflops=args.peak_tflops)
-            result.update({f"compiled_{k}": v for k, v in compiled.items()})
+            phase({f"compiled_{k}": v for k, v in compiled.items()})
         if not args.skip_grpo:
             free_cuda()
-            result.update(bench_grpo_step(s, device, Path(tmp), vllm))
-    print(f"{'metric':<34}{'value':>14}")
-    for k, v in result.items():
-        if isinstance(v, float):
-            print(f"{k:<34}{v:>14.4g}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+            phase(bench_grpo_step(s, device, Path(tmp), vllm))
     return result
 
 

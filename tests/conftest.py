@@ -129,7 +129,18 @@ def _vllm_files(here: Path, root: Path) -> set[str]:
 @pytest.fixture(scope="session")
 def _ray_instance():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=True)
+    # Ray's workers inherit this from the raylet: a vLLM engine a Ray test starts (the rollout
+    # actor's) leaves its threads unbound, so it cannot pin the cores the vLLM unit's engine
+    # (on the other xdist worker) binds at the same time (two bound engines hung a start).
+    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    try:
+        ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=True)
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

@@ -40,9 +40,12 @@ def test_tree_rss_adds_a_child_processs_memory():
     )
     assert child.stdout.readline() == "ok\n"
     tree = TreeRss(period=0.05)
-    deadline = time.monotonic() + 10
-    while tree.peak_bytes < 300 * 2**20 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    child.communicate("\n", timeout=10)
+    try:
+        deadline = time.monotonic() + 10
+        while tree.peak_bytes < 300 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        tree.stop()
+        child.communicate("\n", timeout=10)
     own = int(Path("/proc/self/statm").read_text().split()[1]) * tree._page
     assert tree.peak_bytes >= own + 290 * 2**20

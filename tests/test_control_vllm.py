@@ -4,8 +4,12 @@ is one line naming the engine, and the install's requirement filter."""
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,22 @@ LORA = ["model.lora_rank=8"]
 ADAPTER = ["vllm.lora_sync=adapter"]
 #: The tiny preset's shape (4 heads), with no folder whose config.json would decide instead.
 TINY = ["model.name_or_path=/nonexistent/tiny", "model.init_preset=tiny"]
+
+
+def _model_folder(heads: int, kv_heads: int) -> Path:
+    """A folder whose config.json is all preflight reads of a model's shape."""
+    folder = Path(tempfile.mkdtemp(prefix="posttrain-shape-"))
+    shape = {"vocab_size": 64, "hidden_size": 64 * heads, "num_hidden_layers": 1,
+             "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+             "intermediate_size": 64}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(shape))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+RAY_GPU = ["placement.backend=ray", "placement.gpus_per_role=1"]
+#: 12 attention heads, 6 key/value heads: 4 workers split the heads but not the KV heads.
+SMALL_KV = [f"model.name_or_path={_model_folder(12, 6)}"]
 REPO = Path(__file__).resolve().parents[1]
 
 CASES: list[Case] = [
@@ -43,6 +63,14 @@ CASES: list[Case] = [
     ("vllm_heads_split_evenly", [*VLLM, *TINY, "vllm.tensor_parallel_size=3"],
      "vllm.tensor_parallel_size=3: the model has 4 attention heads, which vLLM cannot share out "
      "evenly over 3 workers; use a divisor of 4", [*VLLM, *TINY, "vllm.tensor_parallel_size=2"]),
+    ("vllm_workers_have_gpus", [*VLLM, *RAY_GPU, "vllm.tensor_parallel_size=2"],
+     "vllm.tensor_parallel_size=2 with placement.gpus_per_role=1: the rollout actor would see 1 "
+     "GPU(s) for 2 vLLM workers", [*VLLM, *RAY_GPU, "placement.gpus_per_role=2",
+                                   "vllm.tensor_parallel_size=2"]),
+    ("vllm_heads_split_evenly", [*VLLM, *SMALL_KV, "vllm.tensor_parallel_size=4"],
+     "vllm.tensor_parallel_size=4: the model has 6 key/value heads, which vLLM can neither share "
+     "out over 4 workers nor copy to each; use a divisor or a multiple of 6",
+     [*VLLM, *SMALL_KV, "vllm.tensor_parallel_size=3"]),
 ]  # fmt: skip
 
 
@@ -159,11 +187,27 @@ def test_tensor_parallel_workers_on_the_cpu_build_share_the_cpus_in_order(
     worker = _proc_module("posttrain_vllm_worker")
     monkeypatch.setattr(worker.os, "sched_getaffinity", lambda pid: set(cpus))
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
-    assert worker.cpu_thread_binding(workers) is None
+    one_node = {"core_of": lambda cpu: ("0", str(cpu)), "nodes_of": lambda cpus: 1}
+    assert worker.cpu_thread_binding(workers, **one_node) is None
     assert worker.os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == bind
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1|2-3")
-    assert worker.cpu_thread_binding(workers) is None
+    assert worker.cpu_thread_binding(workers, **one_node) is None
     assert worker.os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|2-3"
+
+
+def test_tensor_parallel_binding_takes_one_cpu_per_core_and_leaves_numa_to_vllm(monkeypatch):
+    """Hyperthread siblings (CPUs 0-3 and 4-7 on cores 0-3) are not shared out as if they were
+    cores; with a NUMA node per worker vLLM's own binding stays."""
+    _fake_vllm_platform(monkeypatch, cpu=True)
+    worker = _proc_module("posttrain_vllm_worker")
+    monkeypatch.setattr(worker.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    siblings = {"core_of": lambda cpu: ("0", str(cpu % 4)), "nodes_of": lambda cpus: 1}
+    assert worker.cpu_thread_binding(2, **siblings) is None
+    assert worker.os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0,1|2,3"
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    assert worker.cpu_thread_binding(2, core_of=siblings["core_of"], nodes_of=lambda c: 2) is None
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in worker.os.environ
 
 
 def test_more_tensor_parallel_workers_than_cpus_is_one_line_and_a_gpu_build_binds_nothing(
@@ -173,8 +217,8 @@ def test_more_tensor_parallel_workers_than_cpus_is_one_line_and_a_gpu_build_bind
     monkeypatch.setattr(worker.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     _fake_vllm_platform(monkeypatch, cpu=True)
-    assert worker.cpu_thread_binding(4) == (
-        "vllm.tensor_parallel_size=4 needs a CPU per worker on vLLM's CPU build and this "
+    assert worker.cpu_thread_binding(4, nodes_of=lambda cpus: 1) == (
+        "vllm.tensor_parallel_size=4 needs a CPU core per worker on vLLM's CPU build and this "
         "process may use 2; lower it, or set VLLM_CPU_OMP_THREADS_BIND"
     )
     _fake_vllm_platform(monkeypatch, cpu=False)
@@ -213,9 +257,11 @@ def test_a_lora_policy_sends_adapters_except_to_vllm_asked_for_merged_weights(vl
     assert sends_adapters(cfg([*VLLM, *LORA, *ADAPTER]))  # vLLM's LoRA path
 
 
-def test_every_knob_of_the_vllm_section_reaches_the_engine(vllm_env):
+def test_every_knob_of_the_vllm_section_reaches_vllm(vllm_env, monkeypatch, tmp_path):
     """Each field of the ``vllm`` section, set away from its default, arrives in the engine's
-    options under its own name (``lora_sync`` decides the adapter fields instead)."""
+    options under its own name (``lora_sync`` decides the adapter fields instead), and from there
+    in the keywords vLLM's ``LLM`` is built with (captured in place of the process; the CPU build
+    shows no effect of ``gpu_memory_utilization``, so only this would catch it dropped)."""
     from posttrain.config.vllm import VllmConfig
     from posttrain.placement.roles import vllm_options
 
@@ -228,6 +274,34 @@ def test_every_knob_of_the_vllm_section_reaches_the_engine(vllm_env):
     assert options.dtype == "float32" and options.lora_rank == 0
     adapters = vllm_options(cfg([*VLLM, *LORA, *ADAPTER]), "cpu")
     assert (adapters.lora_rank, options.lora_rank) == (8, 0)
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from posttrain.rollout import vllm_engine
+
+    sent: dict = {}
+
+    class Captured:
+        def __init__(self, llm, env, workdir):
+            sent.update(llm)
+            self.workdir = workdir
+            self.ready = {"max_model_len": 96, "vocab_size": 64, "tensor_parallel_size": 2}
+
+        def close(self):
+            shutil.rmtree(self.workdir)
+
+    monkeypatch.setattr(vllm_engine, "VllmProcess", Captured)
+    with torch.device("meta"):
+        skeleton = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, num_hidden_layers=1,
+                                                num_attention_heads=2, intermediate_size=64,
+                                                eos_token_id=2))  # fmt: skip
+    engine = vllm_engine.VllmRolloutEngine(skeleton, weights_from=tmp_path, options=options)
+    vllm_names = {"kv_cache_space_gib": ("kv_cache_memory_bytes", int(3.5 * 2**30))}
+    for key, value in changed.items():
+        name, expected = vllm_names.get(key, (key, value))
+        assert sent[name] == expected, key
+    assert sent["dtype"] == "float32" and "enable_lora" not in sent
+    engine.close()
 
 
 def test_the_cpu_build_prefills_prompts_whole_and_a_gpu_build_keeps_chunks(monkeypatch):
@@ -239,3 +313,66 @@ def test_the_cpu_build_prefills_prompts_whole_and_a_gpu_build_keeps_chunks(monke
     assert worker.cpu_scheduling({"model": "m"}) == {"model": "m", "enable_chunked_prefill": False}
     _fake_vllm_platform(monkeypatch, cpu=False)
     assert worker.cpu_scheduling({"model": "m"}) == {"model": "m"}
+
+
+@pytest.mark.parametrize(
+    ("device", "workers", "visible", "count", "expected"),
+    [
+        ("cpu", 2, None, 0, None),
+        ("cuda", 1, None, 4, "0"),
+        ("cuda:1", 2, None, 4, "1,2"),
+        ("cuda", 2, "3,5,7", 8, "3,5"),  # the GPUs Ray gave the actor, as the machine names them
+        ("cuda:1", 1, "3,5", 8, "5"),
+    ],
+)
+def test_vllm_takes_its_gpus_from_the_runs_device_on(device, workers, visible, count, expected):
+    from posttrain.rollout.vllm_engine import cuda_devices
+
+    assert cuda_devices(device, workers, visible, count) == expected
+
+
+def test_more_gpus_than_the_rollout_sees_is_one_line():
+    from posttrain.rollout.vllm_engine import cuda_devices
+
+    with pytest.raises(ValueError) as info:
+        cuda_devices("cuda:1", 2, "3,5", 8)
+    assert str(info.value) == (
+        "rollout.engine=vllm: vllm.tensor_parallel_size=2 from cuda:1 needs GPUs 1..2, and this "
+        "process sees 2; lower it, or give the rollout more GPUs (placement.gpus_per_role under "
+        "Ray)"
+    )
+
+
+def test_a_gpu_run_with_a_cpu_build_of_vllm_is_one_line(monkeypatch, tmp_path):
+    """On a GPU machine ``.venv-vllm`` (the CPU build) would sample on the CPU without a word."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from posttrain.rollout import vllm_engine
+
+    closed = []
+
+    class CpuBuild:
+        def __init__(self, llm, env, workdir):
+            self.workdir = workdir
+            self.ready = {"max_model_len": 96, "vocab_size": 64, "tensor_parallel_size": 1,
+                          "device_type": "cpu"}  # fmt: skip
+
+        def close(self):
+            closed.append(True)
+            shutil.rmtree(self.workdir)
+
+    monkeypatch.setattr(vllm_engine, "VllmProcess", CpuBuild)
+    monkeypatch.setattr(vllm_engine, "cuda_devices", lambda *a: "0")  # no GPU here
+    with torch.device("meta"):
+        skeleton = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, num_hidden_layers=1,
+                                                num_attention_heads=2, intermediate_size=64,
+                                                eos_token_id=2))  # fmt: skip
+    options = vllm_engine.VllmOptions(device="cuda")
+    with pytest.raises(RoleFailedError) as info:
+        vllm_engine.VllmRolloutEngine(skeleton, weights_from=tmp_path, options=options)
+    assert str(info.value) == (
+        "rollout.engine=vllm: the run samples on cuda, but vLLM's interpreter is a CPU build (it "
+        "would sample on the CPU); point $POSTTRAIN_VLLM_PYTHON at a GPU build of vLLM"
+    )
+    assert closed == [True]

@@ -260,8 +260,9 @@ class RolloutConfig(Section):
         "host syncs, captured as CUDA graphs on a GPU (Llama-family models only; eager on CPU). "
         "`vllm`: vLLM in its own process and environment (`make install-vllm`; settings in the "
         "`vllm` section), full weights reloaded after every update (a LoRA policy's adapters "
-        "through vLLM's LoRA path, or merged: `vllm.lora_sync`); multi-turn environments and OPD (tested under local placement), Ray placement and "
-        "a lag (tested with single-turn GRPO): docs/guides/vllm.md.",
+        "through vLLM's LoRA path, or merged: `vllm.lora_sync`); multi-turn environments, "
+        "OPD, Ray placement, a lag and tensor parallelism (`vllm.tensor_parallel_size`) "
+        "compose with it: docs/guides/vllm.md.",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",

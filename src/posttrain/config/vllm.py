@@ -65,9 +65,10 @@ class VllmConfig(Section):
         ge=1,
         description="vLLM workers the model is split across (its `tensor_parallel_size`): "
         "attention heads and MLP columns shared out, one all-reduce per layer. On a GPU build, "
-        "one GPU each; on the CPU build, one share of this process's CPUs each (split in "
-        "order, unless `VLLM_CPU_OMP_THREADS_BIND` says otherwise). The model's attention "
-        "heads must divide by it.",
+        "one GPU each (from the rollout's device on); on the CPU build, a NUMA node each where "
+        "there are enough (vLLM's binding), else a share of this process's cores each (unless "
+        "`VLLM_CPU_OMP_THREADS_BIND` says otherwise). The model's attention heads must divide "
+        "by it, and its key/value heads divide it or by it.",
     )
 
     lora_sync: Literal["merged", "adapter"] = Field(

@@ -103,24 +103,49 @@ def vllm_without_is_correction(cfg: PosttrainConfig) -> str | None:
 
 @error("rollout.engine", "vllm.tensor_parallel_size", "model.name_or_path")
 def vllm_heads_split_evenly(cfg: PosttrainConfig) -> str | None:
-    """vLLM gives each tensor-parallel worker an equal share of the attention heads; a count
-    that does not divide would fail inside its engine process, after the load."""
+    """vLLM gives each tensor-parallel worker an equal share of the attention heads, and of the
+    key/value heads or a copy of one (so the two counts divide one way or the other); other
+    counts are refused inside ``LLM()`` as a traceback from vLLM's engine."""
     tp = cfg.vllm.tensor_parallel_size
     if not _on(cfg) or tp == 1:
         return None
     from posttrain.control.memory import model_shape
 
     shape = model_shape(cfg)
-    if shape is None or shape.heads % tp == 0:
+    if shape is None:
+        return None
+    if shape.heads % tp:
+        return (
+            f"vllm.tensor_parallel_size={tp}: the model has {shape.heads} attention heads, "
+            f"which vLLM cannot share out evenly over {tp} workers; use a divisor of "
+            f"{shape.heads}"
+        )
+    if shape.kv_heads % tp and tp % shape.kv_heads:
+        return (
+            f"vllm.tensor_parallel_size={tp}: the model has {shape.kv_heads} key/value heads, "
+            f"which vLLM can neither share out over {tp} workers nor copy to each; use a "
+            f"divisor or a multiple of {shape.kv_heads}"
+        )
+    return None
+
+
+@error("rollout.engine", "vllm.tensor_parallel_size", "placement.gpus_per_role")
+def vllm_workers_have_gpus(cfg: PosttrainConfig) -> str | None:
+    """Under Ray the rollout actor sees the GPUs it was given, and each tensor-parallel worker
+    of a GPU build takes one: fewer would fail only once vLLM starts in the actor."""
+    tp, gpus = cfg.vllm.tensor_parallel_size, cfg.placement.gpus_per_role
+    if not _on(cfg) or cfg.placement.backend != "ray" or gpus <= 0 or tp <= gpus:
         return None
     return (
-        f"vllm.tensor_parallel_size={tp}: the model has {shape.heads} attention heads, which "
-        f"vLLM cannot share out evenly over {tp} workers; use a divisor of {shape.heads}"
+        f"vllm.tensor_parallel_size={tp} with placement.gpus_per_role={gpus:g}: the rollout "
+        f"actor would see {gpus:g} GPU(s) for {tp} vLLM workers; raise "
+        "placement.gpus_per_role or lower vllm.tensor_parallel_size"
     )
 
 
 RULES = (
     vllm_section_needs_the_engine,
+    vllm_workers_have_gpus,
     vllm_heads_split_evenly,
     vllm_environment_exists,
     vllm_without_is_correction,

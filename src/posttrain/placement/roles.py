@@ -381,7 +381,7 @@ def vllm_options(cfg: PosttrainConfig, device: str | None):
         max_model_len=v.max_model_len, enforce_eager=v.enforce_eager,
         enable_prefix_caching=v.enable_prefix_caching,
         tensor_parallel_size=v.tensor_parallel_size,
-        gpu_memory_utilization=v.gpu_memory_utilization,
+        gpu_memory_utilization=v.gpu_memory_utilization, device=device,
         lora_rank=m.lora_rank if adapters else 0, lora_alpha=m.lora_alpha if adapters else 0.0,
         lora_targets=tuple(m.lora_target_modules) if adapters else (),
     )  # fmt: skip

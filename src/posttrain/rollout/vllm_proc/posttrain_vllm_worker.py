@@ -22,7 +22,7 @@ pickled dicts until told to close:
 
 Every reply is ``{"ok": True, ...}`` or ``{"ok": False, "error": one line}``. The first message,
 after the model has loaded, is ``{"ok": True, "vllm": version, "max_model_len": ...,
-"vocab_size": ..., "tensor_parallel_size": ...}``. With tensor-parallel workers on the CPU build,
+"vocab_size": ..., "tensor_parallel_size": ..., "device_type": ...}``. With tensor-parallel workers on the CPU build,
 each worker's OpenMP threads are bound to a share of this process's CPUs
 (:func:`cpu_thread_binding`).
 """
@@ -175,13 +175,44 @@ def unsupported_head_size(model_dir: str) -> str | None:
     )
 
 
-def cpu_thread_binding(workers: int) -> str | None:
-    """Why ``workers`` tensor-parallel workers cannot run on vLLM's CPU build here, or None,
-    after setting ``VLLM_CPU_OMP_THREADS_BIND`` to one share of this process's CPUs per worker.
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
-    vLLM's own CPU binding gives each worker a NUMA node of its own and refuses more workers
-    than nodes (one node on most machines); a list per worker (``"0|1"``) binds each worker's
-    OpenMP threads to its share instead. A binding the user set is kept; a GPU build reads none."""
+
+def numa_nodes(cpus: list[int]) -> int:
+    """How many NUMA nodes hold ``cpus`` (1 where sysfs does not say)."""
+    nodes = set()
+    for cpu in cpus:
+        entries = (
+            os.listdir(f"/sys/devices/system/cpu/cpu{cpu}")
+            if os.path.isdir(f"/sys/devices/system/cpu/cpu{cpu}")
+            else []
+        )
+        nodes |= {e for e in entries if e.startswith("node") and e[4:].isdigit()}
+    return max(len(nodes), 1)
+
+
+def physical_core(cpu: int) -> tuple[str | None, str | None]:
+    """(package, core) of a logical CPU: hyperthread siblings share it."""
+    topology = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+    return _read(f"{topology}/physical_package_id"), _read(f"{topology}/core_id")
+
+
+def cpu_thread_binding(workers: int, core_of=physical_core, nodes_of=numa_nodes) -> str | None:
+    """Why ``workers`` tensor-parallel workers cannot run on vLLM's CPU build here, or None,
+    after setting ``VLLM_CPU_OMP_THREADS_BIND`` to one share of this process's cores per worker
+    where vLLM's own binding would refuse.
+
+    vLLM's own CPU binding (``auto``) gives each worker a NUMA node of its own and refuses more
+    workers than nodes (one node on most machines); then a list per worker (``"0|1"``) binds
+    each worker's OpenMP threads to its share instead: one logical CPU per physical core (a
+    hyperthread sibling would share its core with the other worker's threads, as vLLM's
+    ``auto`` avoids too), in order. A binding the user set is kept, as is vLLM's own where
+    there are nodes enough; a GPU build reads none."""
     try:
         from vllm.platforms import current_platform
     except ImportError:
@@ -191,16 +222,24 @@ def cpu_thread_binding(workers: int) -> str | None:
     if os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
         return None
     cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < workers:
+    if nodes_of(cpus) >= workers:
+        return None
+    cores: dict[tuple, int] = {}
+    for cpu in cpus:  # the first logical CPU of each physical core
+        key = core_of(cpu)
+        cores.setdefault(key if None not in key else (cpu,), cpu)
+    picked = sorted(cores.values())
+    if len(picked) < workers:
         return (
-            f"vllm.tensor_parallel_size={workers} needs a CPU per worker on vLLM's CPU build and "
-            f"this process may use {len(cpus)}; lower it, or set VLLM_CPU_OMP_THREADS_BIND"
+            f"vllm.tensor_parallel_size={workers} needs a CPU core per worker on vLLM's CPU "
+            f"build and this process may use {len(picked)}; lower it, or set "
+            "VLLM_CPU_OMP_THREADS_BIND"
         )
-    share, extra = divmod(len(cpus), workers)
+    share, extra = divmod(len(picked), workers)
     lists, start = [], 0
     for w in range(workers):
         end = start + share + (w < extra)
-        lists.append(",".join(map(str, cpus[start:end])))
+        lists.append(",".join(map(str, picked[start:end])))
         start = end
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(lists)
     return None
@@ -221,6 +260,14 @@ def cpu_scheduling(options: dict[str, Any]) -> dict[str, Any]:
     if not current_platform.is_cpu():
         return options
     return {**options, "enable_chunked_prefill": False}
+
+
+def _device_type() -> str:
+    """Where this vLLM build samples ("cpu", "cuda", ...): the driver says so when a GPU run
+    would otherwise sample on a CPU build without a word."""
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
 
 
 def _end_group() -> None:
@@ -288,6 +335,7 @@ def _main() -> None:
             "tensor_parallel_size": int(
                 llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size
             ),
+            "device_type": _device_type(),
         }
     )
     _serve(conn, llm)
