@@ -29,6 +29,7 @@ each worker's OpenMP threads are bound to a share of this process's CPUs
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -175,6 +176,16 @@ def unsupported_head_size(model_dir: str) -> str | None:
     )
 
 
+def _cpu_build() -> bool:
+    """Whether this vLLM samples on the CPU (False where vLLM's platform cannot be read: a
+    release without it decides for itself)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    return current_platform.is_cpu()
+
+
 def _read(path: str) -> str | None:
     try:
         with open(path) as f:
@@ -185,14 +196,11 @@ def _read(path: str) -> str | None:
 
 def numa_nodes(cpus: list[int]) -> int:
     """How many NUMA nodes hold ``cpus`` (1 where sysfs does not say)."""
-    nodes = set()
-    for cpu in cpus:
-        entries = (
-            os.listdir(f"/sys/devices/system/cpu/cpu{cpu}")
-            if os.path.isdir(f"/sys/devices/system/cpu/cpu{cpu}")
-            else []
-        )
-        nodes |= {e for e in entries if e.startswith("node") and e[4:].isdigit()}
+    nodes = {
+        os.path.basename(link)
+        for cpu in cpus
+        for link in glob.glob(f"/sys/devices/system/cpu/cpu{cpu}/node[0-9]*")
+    }
     return max(len(nodes), 1)
 
 
@@ -213,11 +221,7 @@ def cpu_thread_binding(workers: int, core_of=physical_core, nodes_of=numa_nodes)
     hyperthread sibling would share its core with the other worker's threads, as vLLM's
     ``auto`` avoids too), in order. A binding the user set is kept, as is vLLM's own where
     there are nodes enough; a GPU build reads none."""
-    try:
-        from vllm.platforms import current_platform
-    except ImportError:
-        return None
-    if workers == 1 or not current_platform.is_cpu():
+    if workers == 1 or not _cpu_build():
         return None
     if os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
         return None
@@ -253,13 +257,7 @@ def cpu_scheduling(options: dict[str, Any]) -> dict[str, Any]:
     rewinds its generator after each partial chunk (``gen.set_offset``), which a CPU generator
     does not have: the engine core dies ("CPU Generator does not use offset"). Without chunks
     each prompt is prefilled whole (vLLM then raises its budget to the model length)."""
-    try:
-        from vllm.platforms import current_platform
-    except ImportError:
-        return options
-    if not current_platform.is_cpu():
-        return options
-    return {**options, "enable_chunked_prefill": False}
+    return {**options, "enable_chunked_prefill": False} if _cpu_build() else options
 
 
 def _device_type() -> str:
