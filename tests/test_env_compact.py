@@ -103,7 +103,8 @@ def test_copy_credit_by_position() -> None:
     assert copy_credit("123+4", "123+456") == pytest.approx(5 / 7)
     assert copy_credit("123+4567", "123+456") == pytest.approx(7 / 8)
     assert copy_credit("", "123+456") == 0.0
-    assert call_body("<tool_call>12</tool_call>y") == ("12", True)
+    assert call_body("<tool_call>12</tool_call>") == ("12", True)
+    assert call_body("<tool_call>12</tool_call>y") == ("12", False)  # the turn runs on: open
     assert call_body("x<tool_call>12</tool_call>") is None  # only a turn that opens with it
     assert call_body("<tool_call>12") == ("12", False)
     assert call_body("12") is None
@@ -133,6 +134,11 @@ def test_arithmetic_env_pays_the_first_call_only() -> None:
     env.reset(item)
     unclosed = env.step(assistant("<tool_call>A+"))
     assert unclosed.reward == pytest.approx(0.2 + 0.3 * 2 / 3)  # no credit for closing
+    env.reset(item)  # more after the close: neither closed nor right, and its answer is unpaid
+    runs_on = env.step(assistant("<tool_call>A+U</tool_call>6"))
+    assert runs_on.reward == pytest.approx(0.2 + 0.3) and runs_on.info["right_calls"] == 0
+    assert runs_on.messages[0]["content"] == " 579"  # the tool still answers it
+    assert env.step(assistant(" 579")).reward is None
     env.reset(item)
     assert env.step(assistant("<tool_call></tool_call>")).reward == 0.0  # an empty call
     env.reset(item)

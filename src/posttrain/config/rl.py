@@ -97,13 +97,15 @@ class RLConfig(Section):
         "grpo that is `rl.advantage_estimator=dr_grpo`). `dr_grpo` and `reinforce_pp` fix their "
         "own scaling and do not read it.",
     )
-    credit: Literal["trajectory", "turn"] = Field(
+    credit: Literal["trajectory", "turn", "state"] = Field(
         "trajectory",
         description="What a policy token's advantage is computed from: `trajectory` (the "
-        "whole score, one advantage per response) or `turn` (multi-turn rollouts only: each "
+        "whole score, one advantage per response), `turn` (multi-turn rollouts only: each "
         "turn's tokens get the group advantage of the reward earned from that turn on, the "
         "environment's reward of each turn plus the last turn's verifier and reward "
-        "functions; the first turn's is the trajectory's).",
+        "functions; the first turn's is the trajectory's) or `state` (as `turn`, but a later "
+        "turn's baseline is only the group's rows that reached the same state, the same tokens "
+        "before that turn; a state one row alone reached gets advantage 0).",
     )
     advantage_eps: float = Field(
         1e-6, gt=0, description="Added to the std before dividing the advantage by it."

@@ -15,8 +15,8 @@ answer character copies the response's character at a fixed distance (the exact 
 The environment's reward (a term of the trajectory's score, next to the verifier and
 ``reward.functions``) pays partial credit for the first turn that opens with a call:
 ``OPEN_CREDIT`` for a call with a body (an empty call earns nothing), ``CLOSE_CREDIT`` more for
-closing it, plus ``RIGHT_CREDIT`` for a call whose result is the problem's answer (any
-expression: ``U+A`` counts) or, for any other, ``COPY_CREDIT`` times the share of
+closing it and ending the turn there, plus ``RIGHT_CREDIT`` for a closed call whose result is the problem's answer
+(any expression: ``U+A`` counts) or, for any other, ``COPY_CREDIT`` times the share of
 ``RIGHT_CALL``'s characters the body gets right, position by position (a failed ``A+`` is the
 step on the way to ``A+U``). A right call earns 1.0. The answer turn after a right call earns
 up to ``ANSWER_CREDIT`` more (:func:`answer_credit`: the share of the response's four
@@ -58,12 +58,20 @@ ANSWER_CREDIT, STOP_SHARE = 1.0, 0.2
 
 def call_body(text: str) -> tuple[str, bool] | None:
     """The body of the call that opens ``text`` (to the end when unclosed) and whether it is
-    closed; None when ``text`` does not start with ``<tool_call>``."""
+    closed, which here means the turn ends right after its first ``</tool_call>``; None when
+    ``text`` does not start with ``<tool_call>``.
+
+    A call with more after its close is not closed: every right call is then the same turn,
+    token for token, so the answer turns after it share one state (``rl.credit=state`` judges
+    them against each other; trailing tokens, which nothing else penalises, made most of them
+    states of their own: measured in docs/guides/seeds.md)."""
     if not text.startswith(CALL_OPEN):
         return None
     body = text[len(CALL_OPEN) :]
     end = body.find(CALL_CLOSE)
-    return (body, False) if end < 0 else (body[:end], True)
+    if end < 0:
+        return body, False
+    return body[:end], end + len(CALL_CLOSE) == len(body)
 
 
 def copy_credit(body: str, expression: str) -> float:

@@ -133,8 +133,10 @@ class RewardStage:
         dtype: torch.dtype = torch.float32,
         credit: str = "trajectory",
     ) -> None:
-        if credit not in ("trajectory", "turn"):
-            raise ValueError(f"reward credit must be 'trajectory' or 'turn', got {credit!r}")
+        if credit not in ("trajectory", "turn", "state"):
+            raise ValueError(
+                f"reward credit must be 'trajectory', 'turn' or 'state', got {credit!r}"
+            )
         self.credit = credit
         self.verifier_name = verifier
         self._verify = get_verifier(verifier)
@@ -251,7 +253,7 @@ class RewardStage:
         )
 
     def _advantages(self, batch: TrajectoryBatch, rewards: Tensor) -> tuple[Tensor, dict]:
-        """``[B]`` (``credit="trajectory"``) or per-turn ``[B, R]`` (``credit="turn"``)."""
+        """``[B]`` (``credit="trajectory"``) or per-turn ``[B, R]`` (``"turn"``, ``"state"``)."""
         kw = dict(group_size=self.group_size, estimator=self.estimator, scaling=self.scaling,
                   eps=self.advantage_eps)  # fmt: skip
         if self.credit == "trajectory":
@@ -259,10 +261,11 @@ class RewardStage:
         turn, per = batch.columns.get(TURN_COLUMN), batch.columns.get(TURN_REWARD_COLUMN)
         if turn is None or per is None:
             raise ValueError(
-                "reward stage: credit='turn' needs a multi-turn rollout's per-turn columns "
+                f"reward stage: credit={self.credit!r} needs a multi-turn rollout's per-turn columns "
                 f"({TURN_COLUMN!r}, {TURN_REWARD_COLUMN!r}); set env.name or credit='trajectory'"
             )
-        return turn_advantages(rewards, turn, per, batch.group_ids, **kw)
+        states = batch.response_ids if self.credit == "state" else None
+        return turn_advantages(rewards, turn, per, batch.group_ids, **kw, response_ids=states)
 
     def rollout_scores(
         self, batch: TrajectoryBatch, completions: Sequence[str], items: Sequence[TaskItem]
