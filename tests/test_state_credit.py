@@ -38,7 +38,7 @@ GROUP = torch.zeros(5, dtype=torch.int64)
 
 def test_state_advantages_by_hand_dr_grpo() -> None:
     adv, stats = turn_advantages(TOTAL, TURN, PER, GROUP, group_size=5, estimator="dr_grpo",
-                                 response_ids=IDS)  # fmt: skip
+                                 input_ids=IDS)  # fmt: skip
     # turn 1: the whole group, totals [2.8, 1.2, 1.0, 0.3, 0.1], mean 1.08
     first = TOTAL - TOTAL.mean()
     # turn 2, rows 0-2 (one state): returns [1.8, 0.2, 0.0], mean 2/3; row 3 alone: 0
@@ -54,7 +54,7 @@ def test_state_advantages_by_hand_dr_grpo() -> None:
 
 
 def test_state_advantages_grpo_divide_by_the_states_own_std() -> None:
-    adv, _ = turn_advantages(TOTAL, TURN, PER, GROUP, group_size=5, response_ids=IDS)
+    adv, _ = turn_advantages(TOTAL, TURN, PER, GROUP, group_size=5, input_ids=IDS)
     dev = torch.tensor([1.8, 0.2, 0.0], dtype=F64) - 2 / 3
     s = math.sqrt(float((dev**2).sum()) / 2)
     torch.testing.assert_close(adv[:3, 3], dev / (s + 1e-6), rtol=0, atol=1e-12)
@@ -69,9 +69,47 @@ def test_the_same_tokens_in_two_groups_are_two_states() -> None:
     per = torch.where(turn == 2, answer[:, None], 0.0)
     groups = torch.tensor([0, 0, 1, 1])
     adv, stats = turn_advantages(answer, turn, per, groups, group_size=2, estimator="dr_grpo",
-                                 response_ids=ids)  # fmt: skip
+                                 input_ids=ids)  # fmt: skip
     assert adv[:, 2].tolist() == [0.5, -0.5, 0.5, -0.5]  # one batch-wide state would give +-1.5
     assert stats["later_turn_alone_frac"] == 0.0
+
+
+def test_a_state_is_every_token_before_the_turn_the_prompt_and_tool_results_included() -> None:
+    # one group of six rows; three turns; ids are [prompt (2) | response (5)], turn 0 where the
+    # environment speaks. Turn 3's states: rows 0-1 (all alike), row 2 (another tool result
+    # after the same call), row 3 (another first turn, then the same as rows 0-1), row 4
+    # (another prompt: a reset that varies), row 5 (alike rows 0-1 again)
+    turn = torch.tensor([[1, 0, 2, 0, 3]] * 6)
+    ids = torch.tensor([
+        [9, 9, 5, 6, 7, 8, 1], [9, 9, 5, 6, 7, 8, 2], [9, 9, 5, 4, 7, 8, 1],
+        [9, 9, 3, 6, 7, 8, 1], [9, 8, 5, 6, 7, 8, 1], [9, 9, 5, 6, 7, 8, 3],
+    ])  # fmt: skip
+    last = torch.tensor([1.0, 0.0, 5.0, 5.0, 5.0, 2.0], dtype=F64)
+    per = torch.where(turn == 3, last[:, None], 0.0)
+    groups = torch.zeros(6, dtype=torch.int64)
+    adv, stats = turn_advantages(last, turn, per, groups, group_size=6, estimator="dr_grpo",
+                                 input_ids=ids)  # fmt: skip
+    assert adv[:, 4].tolist() == pytest.approx([0.0, -1.0, 0.0, 0.0, 0.0, 1.0], abs=1e-12)
+    # turn 2's state already holds the tool's first result: rows 2, 3 and 4 are alone at both
+    assert stats["later_turn_alone_frac"] == pytest.approx((3 + 3) / 12)
+    # with the batch's scaling the std is that of the returns of rows sharing a state
+    batch, _ = turn_advantages(last, turn, per, groups, group_size=6, scaling="batch",
+                               input_ids=ids)  # fmt: skip
+    s = float(torch.tensor([1.0, 0.0, 2.0], dtype=F64).std())
+    assert batch[5, 4].item() == pytest.approx(1.0 / (s + 1e-6), abs=1e-12)
+
+
+def test_state_credit_with_the_batch_baseline_is_one_line() -> None:
+    from posttrain.config.errors import ConfigValueError
+    from posttrain.config.rl import RLConfig
+
+    with pytest.raises(ConfigValueError) as e:
+        RLConfig(credit="state", advantage_estimator="reinforce_pp")
+    assert str(e.value).startswith(
+        "invalid config value rl: rl.credit=state judges a turn against the rows in its "
+        "state, a group baseline; rl.advantage_estimator=reinforce_pp's is the batch's: use "
+        "grpo, rloo or dr_grpo, or rl.credit=turn"
+    ) and "\n" not in str(e.value)
 
 
 @settings(max_examples=40, deadline=None)
@@ -97,10 +135,10 @@ def test_one_shared_state_per_turn_is_per_turn_credit_bit_for_bit(
     per = per_turn.repeat_interleave(2, 1)
     rewards = per_turn.sum(1) + torch.rand(n, generator=g, dtype=F64)
     kw = dict(group_size=size, estimator=estimator)
-    by_state, stats = turn_advantages(rewards, turn, per, group_ids, **kw, response_ids=ids)
+    by_state, stats = turn_advantages(rewards, turn, per, group_ids, **kw, input_ids=ids)
     by_turn, _ = turn_advantages(rewards, turn, per, group_ids, **kw)
     assert torch.equal(by_state, by_turn)
-    assert stats["later_turn_alone_frac"] == 0.0
+    assert stats.get("later_turn_alone_frac") == (0.0 if turns > 1 else None)
 
 
 def test_the_reward_stage_judges_the_answer_against_its_state_only() -> None:

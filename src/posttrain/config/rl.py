@@ -105,7 +105,8 @@ class RLConfig(Section):
         "environment's reward of each turn plus the last turn's verifier and reward "
         "functions; the first turn's is the trajectory's) or `state` (as `turn`, but a later "
         "turn's baseline is only the group's rows that reached the same state, the same tokens "
-        "before that turn; a state one row alone reached gets advantage 0).",
+        "before that turn, the estimator and scaling applied within it; a state one row alone "
+        "reached gets advantage 0; not with `reinforce_pp`, whose baseline is the batch's).",
     )
     advantage_eps: float = Field(
         1e-6, gt=0, description="Added to the std before dividing the advantage by it."
@@ -289,6 +290,16 @@ class RLConfig(Section):
     #: Whether the rollout samples with another engine than the trainer's forward (set by the
     #: whole config, which knows ``rollout.engine``: :meth:`resolve_is_cap`).
     _sampler_apart: bool = PrivateAttr(False)
+
+    @model_validator(mode="after")
+    def _state_credit_needs_a_group_baseline(self) -> RLConfig:
+        if self.credit == "state" and self.advantage_estimator == "reinforce_pp":
+            raise ValueError(
+                "rl.credit=state judges a turn against the rows in its state, a group "
+                "baseline; rl.advantage_estimator=reinforce_pp's is the batch's: use grpo, "
+                "rloo or dr_grpo, or rl.credit=turn"
+            )
+        return self
 
     @model_validator(mode="after")
     def _lag_turns_is_correction_on(self) -> RLConfig:

@@ -264,8 +264,8 @@ class RewardStage:
                 f"reward stage: credit={self.credit!r} needs a multi-turn rollout's per-turn columns "
                 f"({TURN_COLUMN!r}, {TURN_REWARD_COLUMN!r}); set env.name or credit='trajectory'"
             )
-        states = batch.response_ids if self.credit == "state" else None
-        return turn_advantages(rewards, turn, per, batch.group_ids, **kw, response_ids=states)
+        ids = batch.input_ids if self.credit == "state" else None
+        return turn_advantages(rewards, turn, per, batch.group_ids, **kw, input_ids=ids)
 
     def rollout_scores(
         self, batch: TrajectoryBatch, completions: Sequence[str], items: Sequence[TaskItem]

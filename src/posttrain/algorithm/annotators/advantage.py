@@ -153,7 +153,7 @@ def turn_advantages(
     estimator: str = "grpo",
     scaling: str = "group",
     eps: float = 1e-6,
-    response_ids: Tensor | None = None,
+    input_ids: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Per-token advantages from each turn's reward-to-go (``rl.credit=turn|state``), ``[N, R]``.
 
@@ -166,21 +166,25 @@ def turn_advantages(
     so a later turn is judged by what it earned and not by the earlier turns' variance, and
     a row of one turn gets the sequence-level advantage bit for bit. Stats are turn 1's.
 
-    ``response_ids`` ``[N, R]`` (``rl.credit=state``): turn ``k >= 2`` is judged only against
-    the rows of its group that reached the same state, the same tokens before turn ``k`` (the
-    same earlier turns and tool results), so neither a row that ended earlier nor one that saw
-    another tool result sets its baseline. A state one row alone reached has no baseline: its
-    turn gets advantage 0, as a group of equal rewards does (``later_turn_alone_frac``: the
-    share of later turns that did).
+    ``input_ids`` ``[N, P + R]`` (``rl.credit=state``; the prompt, left-padded, then the
+    response): turn ``k >= 2`` is judged only against the rows of its group that reached the
+    same state, the same tokens before turn ``k`` (the prompt, the earlier turns and the tool
+    results), so neither a row that ended earlier nor one that saw another tool result sets its
+    baseline; ``estimator`` and ``scaling`` apply within the state (``scaling="batch"``: the std
+    of the returns of the rows that share a state, over the batch). A state one row alone
+    reached has no baseline: its turn gets advantage 0, as a group of equal rewards does
+    (``later_turn_alone_frac``: the share of later turns that did; absent without any).
     """
     if turn.shape != turn_reward.shape or turn.dim() != 2 or turn.shape[0] != rewards.shape[0]:
         raise ValueError(
             f"turn {tuple(turn.shape)} and turn_reward {tuple(turn_reward.shape)} must both be "
             f"[N={rewards.shape[0]}, R]"
         )
-    if response_ids is not None and response_ids.shape != turn.shape:
+    if input_ids is not None and (
+        input_ids.shape[0] != turn.shape[0] or input_ids.shape[1] < turn.shape[1]
+    ):
         raise ValueError(
-            f"response_ids {tuple(response_ids.shape)} must match turn {tuple(turn.shape)}"
+            f"input_ids {tuple(input_ids.shape)} must be [N, P + R] around turn {tuple(turn.shape)}"
         )
     idx = turn.to(torch.int64)
     k_max = max(int(idx.max()), 1) if idx.numel() else 1
@@ -196,10 +200,10 @@ def turn_advantages(
     alone, later = 0, 0
     for k in range(2, k_max + 1):
         to_go = per[:, k:].sum(1) + torch.where(last >= k, rest, 0.0)
-        if response_ids is None:
+        if input_ids is None:
             by_turn.append(group_advantages(to_go, group_ids, **kw)[0])
             continue
-        states, shared = _states_before(k, idx, response_ids, group_ids)
+        states, shared = _states_before(k, idx, input_ids, group_ids)
         adv = torch.zeros_like(rewards)
         if bool(shared.any()):
             kw_any = {**kw, "group_size": None}  # states come in any size >= 2
@@ -207,25 +211,27 @@ def turn_advantages(
         by_turn.append(adv)
         alone += int(((last >= k) & ~shared).sum())
         later += int((last >= k).sum())
-    if response_ids is not None:
-        stats["later_turn_alone_frac"] = alone / later if later else 0.0
+    if input_ids is not None and later:
+        stats["later_turn_alone_frac"] = alone / later
     table = torch.stack(by_turn, 1)  # [N, K + 1]; column 0 for tokens off the policy
     return table.gather(1, idx), stats
 
 
 def _states_before(
-    k: int, turn: Tensor, response_ids: Tensor, group_ids: Tensor
+    k: int, turn: Tensor, input_ids: Tensor, group_ids: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Per row, an id shared by the rows of its group whose response tokens before turn ``k``
-    are the same (a group's rows share their prompt), and whether at least one other row of the
-    batch reached that state; rows that never reach turn ``k`` are in no state."""
+    """Per row, an id shared by the rows of its group whose tokens before turn ``k`` (prompt
+    included) are the same, and whether another row reached that state; rows that never reach
+    turn ``k`` are in no state."""
     at_k = turn == k
     reached = at_k.any(1)
-    start = at_k.to(torch.int64).argmax(1)  # first token of turn k (0 where never reached)
-    ids: dict[tuple, int] = {}
+    # the first token of turn k (argmax returns the first maximum), in input_ids' columns
+    end = at_k.to(torch.int64).argmax(1) + (input_ids.shape[1] - turn.shape[1])
+    ids: dict[tuple[int, bytes], int] = {}
     states = torch.full_like(group_ids, -1)
+    rows = input_ids.cpu().numpy()
     for i in reached.nonzero().squeeze(-1).tolist():
-        key = (int(group_ids[i]), *response_ids[i, : int(start[i])].tolist())
+        key = (int(group_ids[i]), rows[i, : int(end[i])].tobytes())
         states[i] = ids.setdefault(key, len(ids))
     counts = torch.bincount(states[reached], minlength=len(ids))
     shared = reached.clone()
