@@ -1,6 +1,7 @@
 """Can RL from random weights learn to copy a number it is shown, and what makes it hard?
 
     python benchmarks/copy_probe.py --context tool --model window [--steps 1200] [--out DIR]
+        [--seed K] [--name SUFFIX -- OVERRIDES...]
 
 The `make demo-tools` policy must copy the calculator's result into its answer. This probe
 isolates that copy from the rest of the episode: a single-turn GRPO run (the
@@ -94,9 +95,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="outputs/copy_probe")
+    ap.add_argument("--name", default="", help="suffix of the run's name (for overrides)")
+    ap.add_argument("overrides", nargs="*", help="config overrides after --, e.g. rl.lr=2e-3")
     args = ap.parse_args()
     out = Path(args.out)
-    name = f"{args.context}_{args.model}_s{args.seed}"
+    name = f"{args.context}_{args.model}_s{args.seed}{args.name}"
     write_problems(args.context, out / "data" / args.context)
     model = ["model.init_preset=arith_tools", f"model.name_or_path={out}/models/window"]
     if args.model == "full":
@@ -112,7 +115,7 @@ def main() -> None:
         "data.val_size=@default", "data.exact_digits=@default", "data.operators=@default",
         "data.prompt_template=plain", "reward.functions=[benchmarks.copy_probe:prefix_reward]",
         f"rl.max_steps={args.steps}", f"job.seed={args.seed}", f"job.output_root={out}",
-        f"job.name={name}", "logging.progress=false",
+        f"job.name={name}", "logging.progress=false", *args.overrides,
     ]  # fmt: skip
     env = {
         **os.environ,
