@@ -10,9 +10,10 @@ is left is copying the tool's result (right-aligned to four characters) into the
 tells the model about the tool; it is found by reward alone:
 
 - the environment pays up to 1.0 for the first call (opening it, closing it and ending the
-  turn there, a right result, or part of ``A+U``'s characters for a wrong one) and, after a right call, up to 1.0 for the
-  answer's copy of the result, character by character: a term of the score next to the
-  verifier's (``train/reward_env_mean``); the exact verifier pays 1 for a right answer;
+  turn there, a right result, or part of ``A+U``'s characters for a wrong one) and, after a
+  right call, up to 1.0 for the answer's copy of the result, character by character: a term of
+  the score next to the verifier's (``train/reward_env_mean``); the exact verifier pays 1 for a
+  right answer;
 - the KL anchor to the random init at half ``arithmetic_clipped``'s weight (0.05), a constant
   learning rate, weight decay 0.1 (``arithmetic_clipped``'s 1.0 slowed the copy: measured with
   ``benchmarks/copy_probe.py``), 16 samples per prompt and otherwise ``arithmetic_clipped``'s

@@ -261,8 +261,9 @@ class RewardStage:
         turn, per = batch.columns.get(TURN_COLUMN), batch.columns.get(TURN_REWARD_COLUMN)
         if turn is None or per is None:
             raise ValueError(
-                f"reward stage: credit={self.credit!r} needs a multi-turn rollout's per-turn columns "
-                f"({TURN_COLUMN!r}, {TURN_REWARD_COLUMN!r}); set env.name or credit='trajectory'"
+                f"reward stage: credit={self.credit!r} needs a multi-turn rollout's per-turn "
+                f"columns ({TURN_COLUMN!r}, {TURN_REWARD_COLUMN!r}); set env.name or "
+                "credit='trajectory'"
             )
         ids = batch.input_ids if self.credit == "state" else None
         return turn_advantages(rewards, turn, per, batch.group_ids, **kw, input_ids=ids)
