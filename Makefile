@@ -81,25 +81,23 @@ demo-opd: install
 	$(BIN)/python examples/opd_vs_grpo.py $(OPD_RUN) $(DEMO_RUN)
 	$(BIN)/posttrain plot $(OPD_RUN) $(DEMO_RUN) --metrics val/accuracy,train/reward_accuracy --out $(OPD_RUN)/vs_grpo.png
 
-TOOLS_RUN := outputs/grpo/tools_addition
-NOTOOL_RUN := outputs/grpo/tools_addition_notool
+TOOLS_RUN := outputs/grpo/tools_addition_reset
+NOTOOL_RUN := outputs/grpo/tools_addition_notool_reset
 TOOLS_DEMO := outputs/grpo/tools_demo
 
 TOOLS_INIT := outputs/models/arith-tools-init
 
 # RL from random weights on three-digit addition with the calculator (multi-turn) and without it
-# (the same recipes, no environment), the two sides side by side (one torch thread each), each in
-# two stages: stage 2 continues from stage 1's final model, which becomes its KL anchor. Prints
-# held-out accuracy before/after for both, plots both. The initial model is rebuilt (seed 0).
+# (the same recipe, no environment), the two sides side by side (one torch thread each), each one
+# 2,000-step run whose KL anchor becomes the current policy every 600 steps. Prints held-out
+# accuracy before/after for both, plots both. The initial model is rebuilt (seed 0).
 demo-tools: install
-	rm -rf $(TOOLS_RUN) $(TOOLS_RUN)_stage2 $(NOTOOL_RUN) $(NOTOOL_RUN)_stage2 $(TOOLS_DEMO) $(TOOLS_INIT)
-	($(BIN)/posttrain grpo --config tools_addition && \
-	 $(BIN)/posttrain grpo --config tools_addition_stage2) & tools=$$!; \
-	$(BIN)/posttrain grpo --config tools_addition_notool && \
-	$(BIN)/posttrain grpo --config tools_addition_notool_stage2; notool=$$?; \
+	rm -rf $(TOOLS_RUN) $(NOTOOL_RUN) $(TOOLS_DEMO) $(TOOLS_INIT)
+	$(BIN)/posttrain grpo --config tools_addition_reset & tools=$$!; \
+	$(BIN)/posttrain grpo --config tools_addition_notool_reset; notool=$$?; \
 	wait $$tools && test $$notool -eq 0
-	$(BIN)/python examples/tools_demo_summary.py --with $(TOOLS_RUN) $(TOOLS_RUN)_stage2 \
-		--without $(NOTOOL_RUN) $(NOTOOL_RUN)_stage2 --joined $(TOOLS_DEMO)
+	$(BIN)/python examples/tools_demo_summary.py --with $(TOOLS_RUN) --without $(NOTOOL_RUN) \
+		--joined $(TOOLS_DEMO)
 	$(BIN)/posttrain plot $(TOOLS_DEMO)/with_calculator $(TOOLS_DEMO)/without \
 		--metrics val/accuracy,train/reward_mean --out $(TOOLS_DEMO)/vs_notool.png
 

@@ -1,15 +1,17 @@
 """Held-out accuracy before and after training, with the calculator and without it.
 
-    python examples/tools_demo_summary.py --with STAGE1_DIR STAGE2_DIR \\
-        --without STAGE1_DIR STAGE2_DIR [--joined DIR]
+    python examples/tools_demo_summary.py --with RUN_DIR [STAGE2_DIR ...] \\
+        --without RUN_DIR [STAGE2_DIR ...] [--joined DIR]
 
-``make demo-tools`` trains each side in two stages from the same random ``arith_tools`` model,
-seed and step counts (stage 2 starts from stage 1's final model). Prints each side's held-out
-accuracy (greedy) at its first stage's first evaluation and its last stage's last one, the tool
-calls per held-out problem, the steps and the training time of all stages, then whether the
+``make demo-tools`` trains each side as one run (``tools_addition_reset`` and
+``tools_addition_notool_reset``) from the same random ``arith_tools`` model, seed and step count;
+a side may also be a chain of stages, each starting from the previous one's final model (the
+two-stage recipes ``tools_addition`` then ``tools_addition_stage2``). Prints each side's held-out
+accuracy (greedy) at its first run's first evaluation and its last run's last one, the tool
+calls per held-out problem, the steps and the training time of all its runs, then whether the
 demo's target holds: >= 0.9 with the tool, <= 0.3 without. ``--joined DIR`` writes each side's
-stages as one run, the later stages' steps counted on from the earlier ones'
-(``DIR/with_calculator/metrics.jsonl`` and ``DIR/without/metrics.jsonl``), for ``posttrain plot``.
+runs as one (``DIR/with_calculator/metrics.jsonl`` and ``DIR/without/metrics.jsonl``, a later
+stage's steps counted on from the earlier ones'), for ``posttrain plot``.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def test_arith_tools_preset_has_markers_and_a_prefix_stable_template(tmp_path) -
     check_template(tok, [])
 
 
-def _train(tmp: Path, recipe: str, model: Path) -> Path:
+def _train(tmp: Path, recipe: str, model: Path, extra: dict | None = None) -> Path:
     from posttrain.config import load_config
     from posttrain.config.build import build_objective
     from posttrain.entrypoints import grpo
@@ -47,7 +47,7 @@ def _train(tmp: Path, recipe: str, model: Path) -> Path:
         "job.output_root": str(tmp / "out"), "model.name_or_path": str(model),
         "data.train_size": 32, "data.val_size": 4, "data.prompts_per_step": 2, "rollout.n": 4,
         "rl.max_steps": 2, "rl.save_every": 2, "rl.eval_every": 2, "rl.micro_batch_size": 8,
-        "logging.progress": False,
+        "logging.progress": False, **(extra or {}),
     }  # fmt: skip
     opts = [f"{k}={v}" for k, v in opts.items()]
     config = load_config(recipe, ["--", *opts])
@@ -72,26 +72,28 @@ def test_stage2_continues_from_stage1_s_final_model() -> None:
 
 
 def test_the_demo_recipes_train_and_summarise(tmp_path) -> None:
-    sides = {}
-    for stage1 in ("tools_addition", "tools_addition_notool"):
-        first = _train(tmp_path, stage1, tmp_path / "model")
-        sides[stage1] = [first, _train(tmp_path, f"{stage1}_stage2", first / FINAL_DIR)]
-    tools, plain = sides["tools_addition"], sides["tools_addition_notool"]
-    rows = [json.loads(r) for r in (tools[1] / "metrics.jsonl").read_text().splitlines()]
+    from posttrain.configs.tools_addition_reset import DEMO_STEPS, RESET_EVERY
+
+    sides, reset = {}, {"rl.max_steps": 4, "rl.reference_reset_every": 2}
+    for recipe in ("tools_addition_reset", "tools_addition_notool_reset"):
+        sides[recipe] = _train(tmp_path, recipe, tmp_path / "model", reset)
+    tools, plain = sides["tools_addition_reset"], sides["tools_addition_notool_reset"]
+    rows = [json.loads(r) for r in (tools / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]
-    assert len(steps) == 2 and all("train/reward_env_mean" in r for r in steps)
+    assert len(steps) == 4 and all("train/reward_env_mean" in r for r in steps)
+    assert [r["train/reference/resets"] for r in steps] == [0, 1, 1, 2]
     assert "val/env/tool_calls_mean" in rows[-1]
-    plain_rows = [json.loads(r) for r in (plain[1] / "metrics.jsonl").read_text().splitlines()]
+    plain_rows = [json.loads(r) for r in (plain / "metrics.jsonl").read_text().splitlines()]
     assert not any("train/reward_env_mean" in r for r in plain_rows)  # no environment
     joined = tmp_path / "joined"
     out = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "tools_demo_summary.py"), "--with", *map(str, tools),
-         "--without", *map(str, plain), "--joined", str(joined)],
+        [sys.executable, str(REPO / "examples" / "tools_demo_summary.py"), "--with", str(tools),
+         "--without", str(plain), "--joined", str(joined)],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     lines = out.stdout.splitlines()
     assert lines[1].startswith("with the calculator") and lines[2].startswith("without it")
-    assert lines[1].split()[3] == "4"  # the two stages' steps
+    assert lines[1].split()[3] == "4"
     assert lines[-1].startswith("target (>= 0.9 with the tool, <= 0.3 without): ")
     for side in ("with_calculator", "without"):
         records = [
@@ -99,6 +101,33 @@ def test_the_demo_recipes_train_and_summarise(tmp_path) -> None:
         ]
         assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4]
         assert [r["step"] for r in records if "val/accuracy" in r] == [0, 2, 4]
+    from posttrain.config import load_config
+
+    demo, plain_demo = (
+        load_config("tools_addition_reset"),
+        load_config("tools_addition_notool_reset"),
+    )
+    assert (demo.rl.max_steps, demo.rl.reference_reset_every) == (DEMO_STEPS, RESET_EVERY)
+    assert demo.rl.credit == "state" and plain_demo.rl.credit == "trajectory"
+    # the two sides differ only in the environment (and the credit a single turn cannot use)
+    assert plain_demo.rl.model_copy(update={"credit": "state"}) == demo.rl
+
+
+def test_a_stage_chain_is_joined_into_one_run(tmp_path) -> None:
+    first = _train(tmp_path, "tools_addition_notool", tmp_path / "model")
+    second = _train(tmp_path, "tools_addition_notool_stage2", first / FINAL_DIR)
+    joined = tmp_path / "joined"
+    subprocess.run(
+        [sys.executable, str(REPO / "examples" / "tools_demo_summary.py"), "--with", str(first),
+         str(second), "--without", str(first), "--joined", str(joined)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    records = [
+        json.loads(r)
+        for r in (joined / "with_calculator" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in records if "val/accuracy" in r] == [0, 2, 4]
 
 
 def test_exact_digits_draws_operands_of_that_many_digits() -> None:

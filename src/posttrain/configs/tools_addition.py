@@ -1,4 +1,4 @@
-"""Three-digit addition with the calculator, stage 1 of `make demo-tools`: the call.
+"""Three-digit addition with the calculator: the base of `make demo-tools`, and the call.
 
 A 135k-parameter Mistral (preset ``arith_tools``: Llama layers that attend to the last 10
 tokens; the arithmetic alphabet, the roles of the tools chat template and the tool-call markers
@@ -20,14 +20,16 @@ tells the model about the tool; it is found by reward alone:
   optimiser.
 
 In these 600 steps the policy learns the call (right on ~87% of samples from step 300) and the
-answer gets as far as its first character; the copy waits for stage 2, ``tools_addition_stage2``:
-the same recipe for 600 more steps from this run's final model, so its KL anchor is this policy
-(a reference reset), not the random init. Measured (docs/guides/tools.md): anchored to the
-random init, the copy does not take off in 1,200 steps; after the reset it does within ~600.
+answer gets as far as its first character; anchored to the random init, the copy does not take
+off in 1,200 steps (docs/guides/tools.md). ``make demo-tools`` runs ``tools_addition_reset``:
+this recipe for 2,000 steps with the KL anchor reset to the policy every 600 and per-state
+credit. ``tools_addition_stage2`` (600 more steps from this run's final model, so its KL anchor
+is this policy) is the two-stage chain the demo was until 2026-12-06.
 
 ``tools_addition_notool`` is this recipe without the environment (single-turn answers, the same
 model, steps and optimiser), with ``digit_match`` paying for partly right digits in its place,
-the baseline the demo compares with (and ``tools_addition_notool_stage2`` its stage 2).
+the baseline of the chain (and ``tools_addition_notool_stage2`` its stage 2);
+``tools_addition_notool_reset`` is the demo's.
 """
 
 from __future__ import annotations

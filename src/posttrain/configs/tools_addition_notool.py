@@ -1,4 +1,5 @@
-"""``tools_addition`` without the calculator: the baseline of `make demo-tools`.
+"""``tools_addition`` without the calculator: the baseline of the two-stage chain (the demo's
+is ``tools_addition_notool_reset``).
 
 The same model, task, optimiser and step count; no environment, so each response is a
 single-turn answer to ``123+456=``, and ``digit_match`` pays for partly right digits in place of

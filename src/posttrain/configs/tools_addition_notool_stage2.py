@@ -1,4 +1,5 @@
-"""Stage 2 of the no-tool baseline of `make demo-tools`: ``tools_addition_notool`` continued.
+"""Stage 2 of the chain's no-tool baseline (`make demo-tools` until 2026-12-06):
+``tools_addition_notool`` continued.
 
 From that run's final model (``outputs/grpo/tools_addition_notool/final_model``: run stage 1
 first), with the same steps and anchor reset as ``tools_addition_stage2``, so both sides train

@@ -1,4 +1,5 @@
-"""Stage 2 of `make demo-tools` with the calculator: ``tools_addition`` from its final model.
+"""Stage 2 of the two-stage chain `make demo-tools` ran until 2026-12-06: ``tools_addition`` from
+its final model.
 
 Stage 1 (``tools_addition``, 600 steps) learns the call; this stage, 600 steps from that run's
 ``final_model`` (``outputs/grpo/tools_addition/final_model``: run stage 1 first), learns the
