@@ -13,19 +13,18 @@ answer character copies the response's character at a fixed distance (the exact 
 ``digit_match`` strip the space).
 
 The environment's reward (a term of the trajectory's score, next to the verifier and
-``reward.functions``) pays partial credit for the first turn that opens with a call:
-``OPEN_CREDIT`` for a call with a body (an empty call earns nothing), ``CLOSE_CREDIT`` more for
-closing it and ending the turn there, plus ``RIGHT_CREDIT`` for a closed call whose result is
-the problem's answer (any expression: ``U+A`` counts) or, for any other, ``COPY_CREDIT`` times
-the share of ``RIGHT_CALL``'s characters the body gets right, position by position (a failed
-``A+`` is the step on the way to ``A+U``). A right call earns 1.0. The answer turn after a right call earns
-up to ``ANSWER_CREDIT`` more (:func:`answer_credit`: the share of the response's four
-characters it copies, position by position, and a part for stopping right after them), and the
-right final answer the verifier's 1 on top. Nothing pays an answer after a wrong call: paying
-the copy of any result made the policy settle on a wrong call whose result it copied (measured:
-``A`` alone, the first operand). The model is never told about the tool or the names (no system
-turn; a prompt is the problem, ``123+456=``); it finds both by reward alone. A failed call is
-answered ``error`` alone.
+``reward.functions``) pays partial credit for the first turn that opens with a call: ``OPEN_CREDIT``
+for a call with a body (an empty call earns nothing), ``CLOSE_CREDIT`` more for closing it and
+ending the turn there, plus ``RIGHT_CREDIT`` for a closed call whose result is the problem's answer
+(any expression: ``U+A`` counts) or, for any other, ``COPY_CREDIT`` times the share of
+``RIGHT_CALL``'s characters the body gets right, position by position (a failed ``A+`` is the step
+on the way to ``A+U``). A right call earns 1.0. The answer turn after a right call earns up to
+``ANSWER_CREDIT`` more (:func:`answer_credit`: the share of the response's four characters it
+copies, position by position, and a part for stopping right after them), and the right final answer
+the verifier's 1 on top. Nothing pays an answer after a wrong call: paying the copy of any result
+made the policy settle on a wrong call whose result it copied (measured: ``A`` alone, the first
+operand). The model is never told about the tool or the names (no system turn; a prompt is the
+problem, ``123+456=``); it finds both by reward alone. A failed call is answered ``error`` alone.
 
 ``right_calls`` (first calls whose result is the answer) and ``answer_chars`` (characters of
 the result the answer copied) are published as ``train/env/right_calls_mean`` and

@@ -10,13 +10,13 @@ Reward of one row (a response to a task item)::
 
 ``env_reward`` is what a multi-turn rollout's environment gave the trajectory (the sum of its
 ``EnvStep.reward`` values, 0 when it gave none; the ``env_reward`` batch column), summed like a
-reward function's value. The last term (DAPO's soft overlong punishment, on when ``overlong_buffer > 0``) needs the
-response's token length ``L``, so it applies to rollout batches, not to held-out scoring.
-Accuracy counts the rows whose verifier score is 1. Advantages come from
-:func:`posttrain.algorithm.annotators.advantage.group_advantages` over the total reward, with
-every group complete (dispatch may split groups later; nothing after this stage may recompute
-group statistics). Shared-prefix masking and ``mask_truncated``, when on, narrow
-``response_mask`` after the advantages are computed.
+reward function's value. The last term (DAPO's soft overlong punishment, on when ``overlong_buffer >
+0``) needs the response's token length ``L``, so it applies to rollout batches, not to held-out
+scoring. Accuracy counts the rows whose verifier score is 1. Advantages come from
+:func:`posttrain.algorithm.annotators.advantage.group_advantages` over the total reward, with every
+group complete (dispatch may split groups later; nothing after this stage may recompute group
+statistics). Shared-prefix masking and ``mask_truncated``, when on, narrow ``response_mask`` after
+the advantages are computed.
 
 A reward component that raises (any exception, see
 :func:`~posttrain.reward.functions.checked_reward`), returns a non-number, gives NaN/inf or a
