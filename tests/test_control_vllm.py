@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -263,6 +264,7 @@ def test_every_knob_of_the_vllm_section_reaches_vllm(vllm_env, monkeypatch, tmp_
     in the keywords vLLM's ``LLM`` is built with (captured in place of the process; the CPU build
     shows no effect of ``gpu_memory_utilization``, so only this would catch it dropped)."""
     from posttrain.config.vllm import VllmConfig
+    from posttrain.placement.device import rollout_dtype
     from posttrain.placement.roles import vllm_options
 
     changed = {"kv_cache_space_gib": 3.5, "max_model_len": 96, "enforce_eager": False,
@@ -271,7 +273,9 @@ def test_every_knob_of_the_vllm_section_reaches_vllm(vllm_env, monkeypatch, tmp_
     assert set(changed) == set(VllmConfig.model_fields) - {"lora_sync"}
     options = vllm_options(cfg([*VLLM, *(f"vllm.{k}={v}" for k, v in changed.items())]), "cpu")
     assert {k: getattr(options, k) for k in changed} == changed
-    assert options.dtype == "float32" and options.lora_rank == 0
+    # rollout.dtype=auto: the machine decides (bfloat16 where the CPU has native bf16 matmuls)
+    auto = rollout_dtype("auto", "cpu")
+    assert options.dtype == auto and options.lora_rank == 0
     adapters = vllm_options(cfg([*VLLM, *LORA, *ADAPTER]), "cpu")
     assert (adapters.lora_rank, options.lora_rank) == (8, 0)
     import torch
@@ -300,7 +304,9 @@ def test_every_knob_of_the_vllm_section_reaches_vllm(vllm_env, monkeypatch, tmp_
     for key, value in changed.items():
         name, expected = vllm_names.get(key, (key, value))
         assert sent[name] == expected, key
-    assert sent["dtype"] == "float32" and "enable_lora" not in sent
+    assert sent["dtype"] == auto and "enable_lora" not in sent
+    pinned = vllm_options(cfg([*VLLM, "rollout.dtype=float32"]), "cpu")
+    assert pinned.dtype == "float32"
     engine.close()
 
 
@@ -313,6 +319,22 @@ def test_the_cpu_build_prefills_prompts_whole_and_a_gpu_build_keeps_chunks(monke
     assert worker.cpu_scheduling({"model": "m"}) == {"model": "m", "enable_chunked_prefill": False}
     _fake_vllm_platform(monkeypatch, cpu=False)
     assert worker.cpu_scheduling({"model": "m"}) == {"model": "m"}
+
+
+def test_the_cpu_build_runs_its_engine_core_in_process_unless_the_environment_says(monkeypatch):
+    """vLLM's CPU build starts without its engine-core and worker processes (each imports vLLM
+    again: 28 s against 16 s a start, vllm_bench's vllm_load_s); a GPU build keeps vLLM's
+    default, and a value the user set stays."""
+    worker = _proc_module("posttrain_vllm_worker")
+    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    for cpu, preset, expected in [(True, None, "0"), (False, None, None), (True, "1", "1")]:
+        _fake_vllm_platform(monkeypatch, cpu=cpu)
+        if preset is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, preset)
+        worker.engine_core_in_process()
+        assert os.environ.get(key) == expected, (cpu, preset)
 
 
 @pytest.mark.parametrize(

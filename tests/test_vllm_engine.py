@@ -1,7 +1,7 @@
 # xdist: vllm unit (tests/conftest.py: the files that start vLLM engines share one worker)
 """rollout.engine=vllm on vLLM's CPU build (``.venv-vllm``, which ``make test`` builds).
 
-One engine serves the module (a start costs ~35-90 s): float32, eager, 1 GiB of KV. The model is a
+One engine serves the module (a start costs ~9-17 s, docs/guides/vllm.md): float32, eager, 1 GiB of KV. The model is a
 tiny Llama over the arithmetic alphabet with head_dim 32 (vLLM's CPU attention takes head sizes
 32, 64, ...; the tiny presets' 8 and 12 it refuses). Checked here: vLLM's processed log-probs
 agree with the trainer's own float32 forward at T=0.7 (the bound below); after a bucketed sync the
@@ -65,23 +65,13 @@ def _need_vllm() -> None:
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _caches(tmp_path_factory):
-    """vLLM's and inductor's caches inside the test's tmp folder (the engine sets its own for the
-    child; this covers anything the driver side imports)."""
+def _one_thread():
+    """One torch thread beside vLLM's process (vLLM's cache: tests/conftest.py)."""
     _need_vllm()
-    root = tmp_path_factory.mktemp("vllm-cache")
-    saved = {k: os.environ.get(k) for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR")}
-    os.environ["VLLM_CACHE_ROOT"] = str(root / "vllm")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 def build_model_dir(

@@ -171,14 +171,16 @@ class VllmRolloutEngine:
                 "seed": 0,
                 **_lora_keywords(options),
             }
+            # vLLM's cache (``VLLM_CACHE_ROOT``, default ``~/.cache/vllm``: model-class info,
+            # torch.compile artefacts) is vLLM's own and outlives the engine: with a cache per
+            # start, every start inspected the model class again in a process of its own (7 s
+            # of a 16 s start on a 2-core EPYC, benchmarks/vllm_bench.py's vllm_load_s).
             env = {
-                "VLLM_CACHE_ROOT": str(Path(workdir) / "cache"),
                 # vLLM's ZMQ socket files (default: /tmp, left behind by a killed engine)
                 "VLLM_RPC_BASE_PATH": workdir,
                 # vLLM's torch.distributed rendezvous file (``vllm_dist_*`` in the temp folder,
                 # one per start, never removed: 182 were found in /tmp)
                 "TMPDIR": workdir,
-                "TORCHINDUCTOR_CACHE_DIR": str(Path(workdir) / "inductor"),
             }
             gpus = cuda_devices(
                 options.device, options.tensor_parallel_size,

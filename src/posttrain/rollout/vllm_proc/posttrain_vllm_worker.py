@@ -260,6 +260,20 @@ def cpu_scheduling(options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "enable_chunked_prefill": False} if _cpu_build() else options
 
 
+def engine_core_in_process() -> None:
+    """On vLLM's CPU build, its engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+    unless the environment says otherwise.
+
+    vLLM's default starts the engine core, and a worker under it, as processes of their own, each
+    importing vLLM again: measured on a 2-core EPYC, a start of the suite's tiny model took 28 s
+    that way and 16 s in one process (``benchmarks/vllm_bench.py``'s ``vllm_load_s``). On the CPU
+    the forward and the scheduler share the cores anyway, so the overlap a separate core buys a
+    GPU is not there to lose; a GPU build keeps vLLM's default. Tensor-parallel workers are
+    still processes of their own."""
+    if _cpu_build():
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
 def _device_type() -> str:
     """Where this vLLM build samples ("cpu", "cuda", ...): the driver says so when a GPU run
     would otherwise sample on a CPU build without a word."""
@@ -312,6 +326,7 @@ def _main() -> None:
     if refused is not None:
         conn.send({"ok": False, "error": refused})
         return
+    engine_core_in_process()
     try:
         from vllm import LLM, __version__
 
