@@ -24,7 +24,7 @@ before = rss()
 last = keep[-1]
 del keep
 freed = rss()
-assert trim()
+assert trim(min_free=100 << 20)
 print((before - freed) / 1e6, (freed - rss()) / 1e6)
 """
 
@@ -36,3 +36,26 @@ def test_freed_heap_blocks_stay_resident_until_trimmed():
     by_free, by_trim = map(float, out.stdout.split())
     assert by_free < 50  # glibc keeps the 100 freed blocks (210 MB) in its heap
     assert by_trim > 150  # the trim returns them
+
+
+SMALL = """
+import torch
+from posttrain.placement.heap import TRIM_MIN_FREE_BYTES, free_heap_bytes, trim
+x = torch.ones(1 << 19)
+del x
+keep = [torch.ones(1 << 19) for _ in range(11)]
+last = keep[-1]  # holds the heap's top: the 10 blocks below stay in the heap, free
+del keep  # ~21 MB free in the heap: below the default floor
+free = free_heap_bytes()
+assert free is not None and 20e6 < free < TRIM_MIN_FREE_BYTES, free
+print(trim(), trim(min_free=0))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
+def test_a_heap_with_little_free_is_left_alone_unless_asked():
+    """A tiny model's step frees tens of MB; trimming them made every step fault them back in.
+    The free bytes are glibc's own count (``mallinfo2``), and a floor of 0 trims anyway."""
+    out = subprocess.run([sys.executable, "-c", SMALL], check=True, capture_output=True,
+                         text=True, env={"PYTHONPATH": str(SRC)}, timeout=120)  # fmt: skip
+    assert out.stdout.split() == ["False", "True"]
