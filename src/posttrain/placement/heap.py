@@ -41,14 +41,17 @@ class _MallInfo2(ctypes.Structure):
     ]  # fmt: skip
 
 
+_MALLINFO2 = getattr(_LIBC, "mallinfo2", None)  # glibc 2.33+
+if _MALLINFO2 is not None:
+    _MALLINFO2.restype = _MallInfo2
+
+
 def free_heap_bytes() -> int | None:
-    """Bytes in glibc's free chunks over all arenas (``mallinfo2``, glibc 2.33+); None where
-    that cannot be read."""
-    fn = getattr(_LIBC, "mallinfo2", None) if _LIBC is not None else None
-    if fn is None:
+    """Bytes in glibc's free chunks over all arenas (``mallinfo2``); None where that cannot be
+    read."""
+    if _MALLINFO2 is None:
         return None
-    fn.restype = _MallInfo2
-    info = fn()
+    info = _MALLINFO2()
     return int(info.fordblks + info.fsmblks)
 
 
