@@ -10,7 +10,7 @@ from transformers.utils import get_json_schema
 
 from posttrain.env import EnvironmentSpecError, EnvStep, check_environment, load_environment
 from posttrain.env.calculator import calculator
-from posttrain.env.runner import MAX_OUTPUT_CHARS, ToolRunner
+from posttrain.env.runner import MAX_OUTPUT_CHARS, ToolRunner, call_here
 from posttrain.env.tools import (
     CALCULATOR,
     ToolsEnv,
@@ -177,6 +177,25 @@ def test_long_output_is_cut() -> None:
         assert out.endswith(f"... [{20_000 - MAX_OUTPUT_CHARS} more characters cut]")
     finally:
         runner.close()
+
+
+def test_in_process_calls_answer_as_the_worker_does_and_fork_none() -> None:
+    """The built-in calculator runs in the caller (it bounds its own work): the same outcomes as
+    through the worker, errors and cut output included, and no worker is started for it."""
+    env = calculator_environment()
+    assert CALCULATOR.in_process and not make_tool(calculator).in_process
+    starts = env.runner.starts
+    runner = ToolRunner([calculator, shout], timeout_s=5)
+    try:
+        for expression in ("123+456", "1/0", "9**9**9", "x+1", "2**0.5"):
+            step = env.step(assistant(call("calculator", expression=expression)))
+            want = runner.call(0, {"expression": expression})
+            text = want.text if want.ok else f"error: {want.text}"
+            assert step.messages[0]["content"] == text
+        assert call_here(shout, {"text": "ab"}) == runner.call(1, {"text": "ab"})
+    finally:
+        runner.close()
+    assert env.runner.starts == starts
 
 
 def test_envs_share_one_worker() -> None:

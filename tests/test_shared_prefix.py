@@ -13,7 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaForCausalLM
+from transformers import (
+    DynamicCache,
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from posttrain.algorithm.grpo import make_objective
 from posttrain.config import load_config
@@ -110,6 +116,43 @@ def test_logprobs_and_gradient_equal_the_unshared_forward(preset, chunk_elements
     assert len(prompt_groups(batch).first) == 4  # what gets encoded under sharing
     logp0, ent0, g0 = _scores(model, batch, "off", chunk_elements=chunk_elements)
     logp1, ent1, g1 = _scores(model, batch, "on", chunk_elements=chunk_elements)
+    m = batch.response_mask
+    assert (logp1 - logp0)[m].abs().max() <= 1e-5
+    assert (ent1 - ent0)[m].abs().max() <= 1e-5
+    _close_rel(g1, g0, 1e-5)
+
+
+def _sliding(kind: str, window: int):
+    """A Mistral whose layers all slide (the ``arith_tools`` preset's shape), or a Qwen2 with one
+    sliding and one full layer: the two caches transformers builds from a config with windows."""
+    torch.manual_seed(0)
+    if kind == "mistral":
+        config = tiny_config("arith_tools")
+        config.sliding_window = window
+        return MistralForCausalLM(config).float()
+    shape = tiny_config("tiny").to_dict()
+    shape = {k: shape[k] for k in ("vocab_size", "hidden_size", "intermediate_size",
+                                   "num_attention_heads", "num_key_value_heads")}  # fmt: skip
+    config = Qwen2Config(
+        **shape, num_hidden_layers=2, use_sliding_window=True, sliding_window=window,
+        max_window_layers=1, layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    return Qwen2ForCausalLM(config).float()
+
+
+@pytest.mark.parametrize("kind", ["mistral", "qwen2_mixed"])
+@pytest.mark.parametrize("window", [3, 6, 30])
+def test_sliding_window_layers_share_exactly(kind, window):
+    """transformers' sliding cache keeps a prompt's last ``window - 1`` columns and masks the
+    responses by column; a batch row has no holes (left-padded prompt, then its response), so
+    columns are tokens and the shared forward equals the full one: windows shorter than the
+    shortest prompt, between, and longer than any row."""
+    model = _sliding(kind, window)
+    layers = {type(x).__name__ for x in DynamicCache(config=model.config).layers}
+    assert "DynamicSlidingWindowLayer" in layers
+    batch = grouped_batch(model.config.vocab_size, order=[0, 3, 1, 6, 2, 9, 4, 5, 7, 8, 10, 11])
+    logp0, ent0, g0 = _scores(model, batch, "off")
+    logp1, ent1, g1 = _scores(model, batch, "on")
     m = batch.response_mask
     assert (logp1 - logp0)[m].abs().max() <= 1e-5
     assert (ent1 - ent0)[m].abs().max() <= 1e-5

@@ -14,9 +14,14 @@ floating-point rounding (Prefix Grouper, arXiv 2506.05433, makes the same argume
 ``rl.shared_prefix`` (:func:`shared_prefix_mode`) selects it: ``auto`` shares where the model
 supports it and otherwise falls back to the full-sequence forward, saying why once in the log;
 ``on`` raises instead of falling back; ``off`` never shares. Supported: Hugging Face causal LMs whose
-cache for this config is made of plain full-attention ``DynamicLayer`` s, with ``eager`` or ``sdpa``
-attention, not under ``torch.compile``, and not training with activation checkpointing (HF drops the
-cache inside checkpointed layers).
+cache for this config is made of full-attention ``DynamicLayer`` s and sliding-window
+``DynamicSlidingWindowLayer`` s, with ``eager`` or ``sdpa`` attention, not under ``torch.compile``,
+and not training with activation checkpointing (HF drops the cache inside checkpointed layers).
+
+A sliding layer keeps the prompt's last ``window - 1`` columns and masks the responses by column.
+That is exact here because a batch row has no holes (its prompt left-padded, its response right
+after it), so columns count tokens; the rollout's cache, which has holes, cannot rely on this
+(``rollout/continuation.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from posttrain.config.errors import ConfigError
 from posttrain.data.trajectory import DOCUMENT_POSITIONS, TrajectoryBatch
@@ -44,6 +49,8 @@ _log = logging.getLogger(__name__)
 _MODE: contextvars.ContextVar[str] = contextvars.ContextVar("shared_prefix", default="auto")
 _SAID: set[str] = set()
 _ATTENTION = (None, "eager", "sdpa")
+#: The cache layers the responses can run against (a window counts columns: see above).
+_SHAREABLE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
 
 
 class SharedPrefixUnsupported(ConfigError):
@@ -129,8 +136,8 @@ def unsupported_reason(module: nn.Module) -> str | None:
     if getattr(config, "is_encoder_decoder", False):
         return "encoder-decoder models have no single causal prefix"
     layers = DynamicCache(config=config).layers
-    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
-        return "the model's cache has layers other than full attention (sliding window, ...)"
+    if not layers or any(type(layer) not in _SHAREABLE_LAYERS for layer in layers):
+        return "the model's cache has layers other than full or sliding-window attention"
     if torch.is_grad_enabled() and any(
         getattr(m, "gradient_checkpointing", False) and m.training for m in module.modules()
     ):

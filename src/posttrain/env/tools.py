@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from transformers.utils import get_json_schema
@@ -41,7 +41,7 @@ from transformers.utils import get_json_schema
 from posttrain.config.user_code import BuilderError, import_callable
 from posttrain.env.base import EnvironmentSpecError, EnvStep, Message
 from posttrain.env.calculator import calculator
-from posttrain.env.runner import Outcome, ToolRunner
+from posttrain.env.runner import Outcome, ToolRunner, call_here
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
@@ -60,6 +60,10 @@ class Tool:
     name: str
     fn: Callable[..., Any]
     schema: dict[str, Any]
+    #: Run in the caller's process rather than the time-limited worker: only for a tool that
+    #: bounds its own work and keeps no state (the built-in calculator checks every operation's
+    #: size before computing it), so neither the limit nor the isolation has anything to catch.
+    in_process: bool = False
 
 
 def make_tool(fn: Callable[..., Any], where: str | None = None) -> Tool:
@@ -253,7 +257,10 @@ class ToolsEnv:
             return Outcome(False, f"more than {self.max_calls_per_turn} tool calls in one turn")
         if call.name not in self._index:
             return Outcome(False, f"unknown tool {call.name!r}; tools: {sorted(self._index)}")
-        return self.runner.call(self._index[call.name], call.arguments)
+        i = self._index[call.name]
+        if self.tool_list[i].in_process:
+            return call_here(self.tool_list[i].fn, call.arguments)
+        return self.runner.call(i, call.arguments)
 
     def _response(self, name: str, outcome: Outcome) -> Message:
         text = outcome.text if outcome.ok else f"error: {outcome.text}"
@@ -285,7 +292,8 @@ class ToolsEnv:
         return EnvStep(messages=replies, done=False, info=info)
 
 
-CALCULATOR = make_tool(calculator)
+#: The built-in calculator, called in the caller's process: it bounds every operation itself.
+CALCULATOR = replace(make_tool(calculator), in_process=True)
 
 
 def calculator_environment(native_tools: bool = True, call_format: CallFormat = "json") -> ToolsEnv:
