@@ -11,12 +11,22 @@ A trim is skipped while the heap holds less than :data:`TRIM_MIN_FREE_BYTES` fre
 it returns faults back in when the next phase allocates (a zeroed page each), which a large
 model's phases never notice and a tiny model's steps pay in full. ``make demo-tools`` trimmed
 ~80 MB twice a step and spent a quarter of its CPU time in the kernel refilling it.
+
+glibc returns memory on its own too, by two thresholds it moves as a process runs: a freed
+block above the mmap threshold is unmapped, and the heap's top is cut back past the trim
+threshold. A training step allocates the same few-MB tensors every step, so each step faulted
+them in afresh (``make demo-tools``: ~20,000 page faults a step after the trim's floor).
+:func:`pin_thresholds` fixes both: blocks up to 32 MiB (glibc's largest mmap threshold) come
+from the heap and are reused, and the top is cut back only past :data:`TRIM_MIN_FREE_BYTES`,
+the same floor as :func:`trim`. A threshold the environment sets (``MALLOC_*_``,
+``GLIBC_TUNABLES``) is left as it is.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 
 
 def _glibc():
@@ -31,6 +41,11 @@ def _glibc():
 _LIBC = _glibc()
 #: Free heap memory below which :func:`trim` leaves the heap alone (see the module's docstring).
 TRIM_MIN_FREE_BYTES = 256 * 2**20
+
+
+#: glibc's largest mmap threshold (``HEAP_MAX_SIZE / 2`` on 64-bit); larger blocks are mapped.
+MMAP_THRESHOLD_BYTES = 32 * 2**20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -65,3 +80,17 @@ def trim(min_free: int = TRIM_MIN_FREE_BYTES) -> bool:
     if free is not None and free < min_free:
         return False
     return bool(_LIBC.malloc_trim(0))
+
+
+def pin_thresholds() -> bool:
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD_BYTES` and its trim threshold at
+    :data:`TRIM_MIN_FREE_BYTES` for this process (``mallopt``), so a step's freed tensors are
+    reused by the next step rather than returned and faulted back in (see the module's
+    docstring). False where libc is not glibc or the environment sets a malloc threshold."""
+    if _LIBC is None or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    if any(k.startswith("MALLOC_") and k.endswith("_THRESHOLD_") for k in os.environ):
+        return False
+    return bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
+        _LIBC.mallopt(_M_TRIM_THRESHOLD, TRIM_MIN_FREE_BYTES)
+    )

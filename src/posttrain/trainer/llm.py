@@ -100,6 +100,7 @@ class LLMTrainer(Trainer):
             )
         self.micro_batch_tokens = micro_batch_tokens
         self.certified_deterministic_forward = certified_deterministic_forward
+        heap.pin_thresholds()  # the process trains: freed step tensors stay for the next step
         reason = unsupported_reason(self.forward_model) if shared_prefix == "on" else None
         if reason is not None:
             raise SharedPrefixUnsupported(
