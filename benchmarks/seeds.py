@@ -9,6 +9,11 @@ own run directory, resume and log (``OUTPUT_ROOT/sweeps/BASE_seedk.log``). Where
 its initial model (``model.init_preset``, seeded by ``job.seed``) each seed gets its own,
 ``model.name_or_path`` + ``_seedk``: the initial weights vary with the seed too.
 
+``--kernels avx2`` runs every seed with the CPU kernels an AVX2-only machine takes (torch's
+``ATEN_CPU_CAPABILITY``, MKL's and oneDNN's instruction limits), so one machine shows the other
+kind's rounding: a sweep on an AVX-512 machine with ``--kernels avx2`` gave a 2-core AVX2 EPYC's
+``arithmetic_clipped`` table step for step. Without ``--name`` its runs are ``BASE_avx2_seedk``.
+
 Resumable: a seed whose run is complete (its checkpoint at ``rl.max_steps``, written after the
 final evaluation, is marked complete) is not run again; its numbers are read from its
 ``metrics.jsonl``. A seed stopped midway resumes from its last checkpoint (``rl.resume=auto``).
@@ -35,6 +40,13 @@ from posttrain.metrics.sinks import read_metrics
 from posttrain.run.records import default_out_dir
 from posttrain.trainer.manifest import COMPLETE
 
+#: ``--kernels``: the environment each seed's process gets (the libraries' own switches).
+KERNELS: dict[str, dict[str, str]] = {
+    "native": {},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+             "ONEDNN_MAX_CPU_ISA": "AVX2"},
+}  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Seed:
@@ -55,10 +67,12 @@ class SeedResult:
     run_dir: str
 
 
-def plan(recipe: str, seeds: list[int], name: str | None, overrides: list[str]) -> list[Seed]:
+def plan(
+    recipe: str, seeds: list[int], name: str | None, overrides: list[str], kernels: str = "native"
+) -> list[Seed]:
     """Each seed's overrides and run directory, from the recipe resolved with them."""
     base_cfg = load_config(recipe, ["--", *overrides])
-    base = name or base_cfg.job.name
+    base = name or base_cfg.job.name + ("" if kernels == "native" else f"_{kernels}")
     out = []
     for k in seeds:
         opts = [*overrides, f"job.seed={k}", f"job.name={base}_seed{k}"]
@@ -92,10 +106,10 @@ def complete(seed: Seed) -> bool:
     return (seed.run_dir / "checkpoints" / f"step_{seed.max_steps:08d}" / COMPLETE).is_file()
 
 
-def run_seed(seed: Seed, recipe: str, entry: str, log_dir: Path) -> str:
+def run_seed(seed: Seed, recipe: str, entry: str, log_dir: Path, kernels: str = "native") -> str:
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{seed.run_dir.name}.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **KERNELS[kernels]}
     cmd = [sys.executable, "-m", "posttrain.entrypoints.cli", entry, "--config", recipe, "--",
            *seed.opts]  # fmt: skip
     with log.open("w") as f:
@@ -104,14 +118,13 @@ def run_seed(seed: Seed, recipe: str, entry: str, log_dir: Path) -> str:
 
 
 def sweep(recipe: str, seeds: list[Seed], entry: str, metric: str, target: float,
-          parallel: int, log_dir: Path) -> list[SeedResult]:  # fmt: skip
+          parallel: int, log_dir: Path, kernels: str = "native") -> list[SeedResult]:  # fmt: skip
     """Run the seeds not complete yet, ``parallel`` at a time; every seed's result."""
     status = {s.seed: "skipped (complete)" for s in seeds if complete(s)}
     todo = [s for s in seeds if s.seed not in status]
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        for s, st in zip(
-            todo, pool.map(lambda s: run_seed(s, recipe, entry, log_dir), todo), strict=True
-        ):
+        runs = pool.map(lambda s: run_seed(s, recipe, entry, log_dir, kernels), todo)
+        for s, st in zip(todo, runs, strict=True):
             status[s.seed] = st
     return [read_result(s, metric, target, status[s.seed]) for s in seeds]
 
@@ -165,11 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metric", default="val/accuracy", help="evaluation metric (val/accuracy)")
     p.add_argument("--entry", choices=("grpo", "opd"), help="default: the recipe's family")
     p.add_argument("--name", help="job.name base (default: the recipe's job.name)")
+    p.add_argument("--kernels", choices=tuple(KERNELS), default="native",
+                   help="CPU kernels: native, or those of an AVX2-only machine")  # fmt: skip
     args = p.parse_args(argv)
     if len(set(args.seeds)) != len(args.seeds):
         raise SystemExit(f"seeds: --seeds {args.seeds} repeats a seed; name each once")
     try:
-        seeds = plan(args.recipe, args.seeds, args.name, overrides)
+        seeds = plan(args.recipe, args.seeds, args.name, overrides, args.kernels)
         cfg = load_config(args.recipe, ["--", *overrides])
     except ConfigError as e:
         raise SystemExit(f"seeds: {e}") from None
@@ -177,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     if entry == "dpo":
         raise SystemExit(f"seeds: {args.recipe} is a DPO recipe; the sweep runs grpo or opd")
     log_dir = Path(cfg.job.output_root) / "sweeps"
-    results = sweep(args.recipe, seeds, entry, args.metric, args.target, args.parallel, log_dir)
+    results = sweep(
+        args.recipe, seeds, entry, args.metric, args.target, args.parallel, log_dir, args.kernels
+    )
     print("\n".join(table(results, args.metric, args.target)))
     return 0 if all(not r.status.startswith("failed") for r in results) else 1
 

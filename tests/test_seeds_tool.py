@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -64,3 +66,28 @@ def test_a_repeated_seed_and_a_bad_override_are_one_line(tmp_path):
         seeds.main(["arithmetic", "--", "rl.max_step=3"])
     assert str(e.value).startswith("seeds: ") and "rl.max_steps" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_avx2_kernels_name_their_runs_and_reach_each_seeds_process(tmp_path, monkeypatch):
+    """``--kernels avx2``: the runs are ``BASE_avx2_seedk`` (a native sweep's stay apart), and
+    each seed's process gets the libraries' switches; torch then reports AVX2 kernels whatever
+    the machine has beyond AVX2."""
+    plan = seeds.plan("arithmetic", [0, 2], None, overrides(tmp_path)[1:], "avx2")
+    assert [s.run_dir.name for s in plan] == [
+        "arithmetic_tiny_avx2_seed0",
+        "arithmetic_tiny_avx2_seed2",
+    ]
+    seen = {}
+
+    def fake_run(cmd, stdout, stderr, env):
+        seen.update(env)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(seeds.subprocess, "run", fake_run)
+    assert seeds.run_seed(plan[0], "arithmetic", "grpo", tmp_path / "logs", "avx2") == "ran"
+    assert {k: seen[k] for k in seeds.KERNELS["avx2"]} == seeds.KERNELS["avx2"]
+    monkeypatch.undo()
+    probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    env = {**os.environ, **seeds.KERNELS["avx2"]}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "AVX2"
