@@ -79,6 +79,8 @@ SKIPPED = {
     "sweeps' runs (the make demo sweep and its lag-1 twin: hours of CPU)",
     "python benchmarks/seeds.py": "seeds.md's sweeps: each seed a full demo run (hours of CPU in "
     "all); tests/test_seeds_tool.py runs the tool on two seeds x three steps",
+    "python benchmarks/heldout_errors.py": "reads the make demo sweep's runs (seeds.md); "
+    "tests/test_heldout_errors.py runs the script on two hand-written runs",
 }
 #: Command prefix -> (why it cannot run here as written, what runs in its place so that the
 #: commands after it have their inputs).
