@@ -99,6 +99,12 @@ HELD_OUT = {
 }
 
 
+#: DPO's pair accuracy counts margins above 0; before the first step LoRA is the reference, so
+#: every margin is 0 up to rounding, and which forward rounds it up (the FSDP ranks' full
+#: forwards, the one rank's shared-prefix one) decides it. The margins themselves are compared.
+UNDEFINED_AT_START = {(0, "val/rewards/accuracies")}
+
+
 def test_two_ranks_make_the_one_rank_run(runs):
     name, model, out = runs
     a = rows_of(out["one rank"])
@@ -117,6 +123,8 @@ def test_two_ranks_make_the_one_rank_run(runs):
             count, *metrics = HELD_OUT[name]
             assert b[step][count] == a[step][count] > 0, run
             for k in metrics:
+                if (step, k) in UNDEFINED_AT_START:
+                    continue
                 assert b[step][k] == pytest.approx(a[step][k], rel=1e-5, abs=1e-7), (run, k)
         got = weights(out[run]["final_model"])
         for k, w in want.items():  # the update, to float32 rounding
