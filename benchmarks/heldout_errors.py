@@ -18,7 +18,7 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from posttrain.config import load_config
+from posttrain.config import PosttrainConfig, load_config
 from posttrain.control.data_checks import build_tasks
 
 
@@ -33,9 +33,9 @@ def evaluations(run: Path) -> dict[int, list[dict]]:
     return out
 
 
-def train_answer_counts(run: Path) -> Counter:
+def train_answer_counts(config: PosttrainConfig) -> Counter:
     """How many train problems have each answer (the split rebuilt from the run's config)."""
-    source = build_tasks(load_config(run / "config.yaml"))
+    source = build_tasks(config)
     return Counter(source.item_at(0, i).answer.strip() for i in range(len(source)))
 
 
@@ -44,27 +44,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--from-step", type=int, default=1500, help="first evaluation counted late")
     args = ap.parse_args(argv)
-    by_split: dict[int, list[tuple[str, dict[int, list[dict]]]]] = defaultdict(list)
+    by_split: dict[int, list[dict[int, list[dict]]]] = defaultdict(list)
     counts: dict[int, Counter] = {}
     for run in args.runs:
         evals = evaluations(run)
         if not evals:
             print(f"{run}: no held-out samples")
             continue
-        seed = load_config(run / "config.yaml").job.seed
-        counts.setdefault(seed, train_answer_counts(run))
+        config = load_config(run / "config.yaml")
+        seed = config.job.seed
+        if seed not in counts:
+            counts[seed] = train_answer_counts(config)
         last = evals[max(evals)]
         wrong = [
             f"{r['prompt']}{r['completion']} ({r['answer']})" for r in last if not r["correct"]
         ]
         print(f"{run.name}: step {max(evals)}: {len(last) - len(wrong)}/{len(last)} right; wrong: "
               f"{', '.join(wrong) or '-'}")  # fmt: skip
-        by_split[seed].append((run.name, evals))
+        by_split[seed].append(evals)
     for seed, runs in sorted(by_split.items()):
         always: Counter = Counter()
         ever: set[str] = set()
         size = 0
-        for _, evals in runs:
+        for evals in runs:
             late = [rows for step, rows in evals.items() if step >= args.from_step]
             if not late:
                 continue
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             ever |= set().union(*wrong_sets)
             for prompt in set.intersection(*(set(w) for w in wrong_sets)):
                 always[prompt] += 1
-        answers = {r["prompt"]: r["answer"] for _, ev in runs for rows in ev.values() for r in rows}
+        answers = {r["prompt"]: r["answer"] for ev in runs for rows in ev.values() for r in rows}
         print(f"\nheld-out set of seed {seed} ({len(runs)} runs, evaluations from step "
               f"{args.from_step}):")  # fmt: skip
         print(

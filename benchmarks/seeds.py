@@ -54,6 +54,7 @@ class Seed:
     opts: tuple[str, ...]
     run_dir: Path
     max_steps: int
+    kernels: str = "native"  # a key of KERNELS: the environment its process gets
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def plan(
         if not any(o.startswith("placement.torch_threads_per_process=") for o in overrides):
             opts.append("placement.torch_threads_per_process=1")
         cfg = load_config(recipe, ["--", *opts])
-        out.append(Seed(k, tuple(opts), default_out_dir(cfg), cfg.rl.max_steps))
+        out.append(Seed(k, tuple(opts), default_out_dir(cfg), cfg.rl.max_steps, kernels))
     return out
 
 
@@ -106,10 +107,10 @@ def complete(seed: Seed) -> bool:
     return (seed.run_dir / "checkpoints" / f"step_{seed.max_steps:08d}" / COMPLETE).is_file()
 
 
-def run_seed(seed: Seed, recipe: str, entry: str, log_dir: Path, kernels: str = "native") -> str:
+def run_seed(seed: Seed, recipe: str, entry: str, log_dir: Path) -> str:
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{seed.run_dir.name}.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **KERNELS[kernels]}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **KERNELS[seed.kernels]}
     cmd = [sys.executable, "-m", "posttrain.entrypoints.cli", entry, "--config", recipe, "--",
            *seed.opts]  # fmt: skip
     with log.open("w") as f:
@@ -118,12 +119,12 @@ def run_seed(seed: Seed, recipe: str, entry: str, log_dir: Path, kernels: str = 
 
 
 def sweep(recipe: str, seeds: list[Seed], entry: str, metric: str, target: float,
-          parallel: int, log_dir: Path, kernels: str = "native") -> list[SeedResult]:  # fmt: skip
+          parallel: int, log_dir: Path) -> list[SeedResult]:  # fmt: skip
     """Run the seeds not complete yet, ``parallel`` at a time; every seed's result."""
     status = {s.seed: "skipped (complete)" for s in seeds if complete(s)}
     todo = [s for s in seeds if s.seed not in status]
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        runs = pool.map(lambda s: run_seed(s, recipe, entry, log_dir, kernels), todo)
+        runs = pool.map(lambda s: run_seed(s, recipe, entry, log_dir), todo)
         for s, st in zip(todo, runs, strict=True):
             status[s.seed] = st
     return [read_result(s, metric, target, status[s.seed]) for s in seeds]
@@ -192,9 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if entry == "dpo":
         raise SystemExit(f"seeds: {args.recipe} is a DPO recipe; the sweep runs grpo or opd")
     log_dir = Path(cfg.job.output_root) / "sweeps"
-    results = sweep(
-        args.recipe, seeds, entry, args.metric, args.target, args.parallel, log_dir, args.kernels
-    )
+    results = sweep(args.recipe, seeds, entry, args.metric, args.target, args.parallel, log_dir)
     print("\n".join(table(results, args.metric, args.target)))
     return 0 if all(not r.status.startswith("failed") for r in results) else 1
 

@@ -84,7 +84,7 @@ def test_avx2_kernels_name_their_runs_and_reach_each_seeds_process(tmp_path, mon
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(seeds.subprocess, "run", fake_run)
-    assert seeds.run_seed(plan[0], "arithmetic", "grpo", tmp_path / "logs", "avx2") == "ran"
+    assert seeds.run_seed(plan[0], "arithmetic", "grpo", tmp_path / "logs") == "ran"
     assert {k: seen[k] for k in seeds.KERNELS["avx2"]} == seeds.KERNELS["avx2"]
     monkeypatch.undo()
     probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"

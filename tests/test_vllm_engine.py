@@ -3,10 +3,10 @@
 
 One engine serves the module (a start costs ~9-17 s, docs/guides/vllm.md): float32, eager, 1 GiB
 of KV. The model is a tiny Llama over the arithmetic alphabet with head_dim 32 (vLLM's CPU
-attention takes head sizes 32, 64, ...; the tiny presets' 8 and 12 it refuses). Checked here: vLLM's processed log-probs
-agree with the trainer's own float32 forward at T=0.7 (the bound below); after a bucketed sync the
-engine's log-probs are the new weights' (the trainer's forward of the new policy, every sampled
-token, a 140-token prompt among them), and a sync back gives the first weights' samples bit for
+attention takes head sizes 32, 64, ...; the tiny presets' 8 and 12 it refuses). Checked here:
+vLLM's processed log-probs agree with the trainer's own float32 forward at T=0.7 (the bound
+below); after a bucketed sync the engine's log-probs are the new weights' (the trainer's forward
+of the new policy, every sampled token, a 140-token prompt among them), and a sync back gives the first weights' samples bit for
 bit. Those two checks are where the two sync traps would show: KV of the old weights reused from
 the prefix cache (vLLM's CPU KV blocks hold 128 tokens, so only the 140-token prompt fills one:
 the test was seen to fail with the reset removed) and a tied ``lm_head`` that keeps its startup

@@ -41,8 +41,6 @@ def _glibc():
 _LIBC = _glibc()
 #: Free heap memory below which :func:`trim` leaves the heap alone (see the module's docstring).
 TRIM_MIN_FREE_BYTES = 256 * 2**20
-
-
 #: glibc's largest mmap threshold (``HEAP_MAX_SIZE / 2`` on 64-bit); larger blocks are mapped.
 MMAP_THRESHOLD_BYTES = 32 * 2**20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
@@ -86,7 +84,8 @@ def pin_thresholds() -> bool:
     """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD_BYTES` and its trim threshold at
     :data:`TRIM_MIN_FREE_BYTES` for this process (``mallopt``), so a step's freed tensors are
     reused by the next step rather than returned and faulted back in (see the module's
-    docstring). False where libc is not glibc or the environment sets a malloc threshold."""
+    docstring). False where libc is not glibc, or where the environment sets a malloc threshold
+    (``MALLOC_*_THRESHOLD_``) or any ``glibc.malloc`` tunable (``GLIBC_TUNABLES``)."""
     if _LIBC is None or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
         return False
     if any(k.startswith("MALLOC_") and k.endswith("_THRESHOLD_") for k in os.environ):
