@@ -2,7 +2,12 @@
 (one unsharded rank) and on Ray with two FSDP ranks give the same run (to float rounding), the
 sharded checkpoint the run wrote exports to a folder ``from_pretrained`` loads, and a CLI run on
 two FSDP ranks whose rank is killed with SIGKILL resumes to that run's numbers and shards, bit
-for bit."""
+for bit.
+
+Both runs anchor to a KL reference that resets every two steps (``rl.reference_reset_every``):
+under FSDP the reference is sharded like the policy and a reset copies shard to shard, so the
+sharded run must still make the unsharded one; the kill comes after the step-2 checkpoint, the
+first written after a reset, so the resume also reads the reset reference's shards back."""
 
 from __future__ import annotations
 
@@ -57,6 +62,9 @@ def opts_for(root: Path, tiny: Path, **extra) -> list[str]:
         "rollout.max_tokens": 3,
         "reward.functions": "[test_fsdp_ray:digit_reward]",
         "rl.lr": 0.01,
+        "rl.grpo_surrogate": "clipped",
+        "rl.kl_beta": 0.1,
+        "rl.reference_reset_every": 2,
         "rl.max_steps": STEPS,
         "rl.save_every": 2,
         "rl.eval_every": 0,
@@ -106,9 +114,17 @@ def test_two_fsdp_ranks_make_the_single_rank_run(runs, tmp_path):
         assert rb["train/loss"] == pytest.approx(ra["train/loss"], rel=0, abs=1e-6)
         assert rb["train/grad_norm"] == pytest.approx(ra["train/grad_norm"], rel=1e-6)
         assert rb["train/samples"] == ra["train/samples"]
+        assert rb["train/pg/kl_ref"] == pytest.approx(ra["train/pg/kl_ref"], rel=1e-5, abs=1e-9)
+    assert [r["train/reference/resets"] for r in b] == [0, 1, 1, 2]
+    assert b[2]["train/reference/kl_after_reset"] < b[1]["train/reference/kl_before_reset"]
     sharded = ckpt(out["fsdp2"])
     assert {p.name for p in (sharded / "dcp").iterdir()} >= {"__0_0.distcp", "__1_0.distcp"}
     assert not (sharded / "model" / "model.safetensors").exists()
+    import torch.distributed.checkpoint as dcp
+
+    keys = list(dcp.FileSystemReader(str(sharded / "dcp")).read_metadata().state_dict_metadata)
+    reference = [k for k in keys if k.startswith("extra.reference_reset.")]  # the reset's shards
+    assert len(reference) == sum(k.startswith("model.") for k in keys) > 0
     exported = export_hf(sharded, tmp_path / "hf")
     from transformers import AutoModelForCausalLM
 

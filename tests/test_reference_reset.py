@@ -97,8 +97,10 @@ def test_opd_refuses_a_reset_in_one_line_its_anchor_is_the_teacher():
 @pytest.mark.parametrize(
     ("opts", "start"),
     [
-        (("placement.policy_sharding=fsdp", "placement.backend=ray", "placement.policy_ranks=2"),
-         "rl.reference_reset_every=5 is not supported with placement.policy_sharding=fsdp"),
+        (("placement.policy_sharding=fsdp", "placement.backend=ray", "placement.policy_ranks=2",
+          "model.lora_rank=4"),
+         "rl.reference_reset_every=5 with model.lora_rank=4 is not supported with "
+         "placement.policy_sharding=fsdp"),
         (("placement.reference_on=data",),
          "rl.reference_reset_every=5 needs the reference on the policy side"),
     ],
@@ -106,6 +108,19 @@ def test_opd_refuses_a_reset_in_one_line_its_anchor_is_the_teacher():
 def test_where_the_reference_cannot_be_reset_is_refused_in_one_line(opts, start):
     found = violations("rl.kl_beta=0.1", "rl.reference_reset_every=5", *opts)
     assert [v for v in found if v.startswith(start)], found
+
+
+def test_a_full_fine_tuning_reset_under_fsdp_passes_preflight():
+    """Its reference is sharded like the policy (tests/test_fsdp_ray.py runs it)."""
+    opts = [
+        "rl.grpo_surrogate=clipped",
+        "rl.kl_beta=0.1",
+        "rl.reference_reset_every=5",
+        "placement.policy_sharding=fsdp",
+        "placement.backend=ray",
+        "placement.policy_ranks=2",
+    ]
+    assert run_preflight(load_config("arithmetic", ["--", *opts])) is not None
 
 
 def test_auto_keeps_a_reset_reference_on_the_policy_side_under_a_lag():

@@ -10,13 +10,16 @@ lag changes nothing here: the batch trained at step ``t > s`` is scored against 
 step ``s``, whichever older weights sampled it.
 
 Full fine-tuning: the reference is the run's own frozen load (``model.dtype``); a reset copies
-the policy's float32 weights into it. LoRA: the reference is the policy's module scored with a
-frozen copy of the adapters (:class:`ResettableAdapterReference`; before the first reset the
-adapters are off, the frozen base, exactly as without resets).
+the policy's float32 weights into it. Under FSDP the trainer shards the reference as it shards
+the policy (the same units over the same ranks), so each rank copies its own shards: no gather,
+and 1/N of the reference's bytes per rank. LoRA: the reference is the policy's module scored
+with a frozen copy of the adapters (:class:`ResettableAdapterReference`; before the first reset
+the adapters are off, the frozen base, exactly as without resets).
 
 Exact resume: :meth:`ReferenceReset.state_dict` (the step, the reset count and, after a reset,
 the reference's weights — the adapters only under LoRA) rides in the trainer's ``trainer.pt``,
-which the checkpoint manifest covers.
+which the checkpoint manifest covers. A sharded reference's weights ride in the checkpoint's
+DCP shards instead (:meth:`ReferenceReset.dcp_tensors`), resharded on load like the policy's.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from posttrain.model.lora import is_lora
+from posttrain.trainer import sharding as sh
 
 #: The policy's KL metric (the GRPO objective's ``kl_ref``, public name).
 KL_METRIC = "train/pg/kl_ref"
@@ -105,10 +109,10 @@ class ReferenceReset:
     def _reset(self) -> None:
         if isinstance(self.reference, ResettableAdapterReference):
             self.reference.freeze()
-        else:
+        else:  # sharded alike under FSDP: each rank's shard from its own shard
             source = self.policy.state_dict()
             for name, tensor in self.reference.state_dict().items():
-                tensor.copy_(source[name])
+                sh.local(tensor).copy_(sh.local(source[name]))
         if self.reset_optimizer:
             self.optimizer.state.clear()
         self.resets += 1
@@ -119,8 +123,21 @@ class ReferenceReset:
             return dict(self.reference.frozen or {})
         return dict(self.reference.state_dict())
 
+    def _sharded(self) -> bool:
+        return not isinstance(self.reference, ResettableAdapterReference) and sh.is_sharded(
+            self.reference
+        )
+
+    def dcp_tensors(self) -> dict[str, Tensor]:
+        """The reference's weights where a checkpoint keeps them in DCP (a sharded trainer's):
+        a full-fine-tuning reference's, loaded in place (``trainer/dcp.py``); LoRA's adapters
+        stay in ``trainer.pt``."""
+        if isinstance(self.reference, ResettableAdapterReference):
+            return {}
+        return dict(self.reference.state_dict())
+
     def state_dict(self) -> dict[str, Any]:
-        weights = self._weights() if self.resets else {}
+        weights = self._weights() if self.resets and not self._sharded() else {}
         return {
             "step": self.step,
             "resets": self.resets,
@@ -134,7 +151,7 @@ class ReferenceReset:
         self.resets = int(state["resets"])
         self._after_reset = bool(state["after_reset"])
         weights = state["weights"]
-        if not self.resets:
+        if not self.resets or not weights:  # none yet, or in the DCP shards (already loaded)
             return
         if isinstance(self.reference, ResettableAdapterReference):
             self.reference.frozen = {n: t.clone() for n, t in weights.items()}

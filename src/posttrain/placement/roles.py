@@ -78,8 +78,10 @@ class PolicyRole:
                 reference = ResettableAdapterReference(self.model)
             elif reads_kl:  # the frozen base itself, adapters off: no second copy
                 reference = AdapterFreeReference(self.model)
-        elif reads_kl:
-            reference, _ = load_policy(cfg.model.name_or_path, None, cfg.model.dtype, device)
+        elif reads_kl:  # sharded like the policy under FSDP (the trainer shards auxiliaries)
+            reference, _ = load_policy(
+                cfg.model.name_or_path, None, cfg.model.dtype, device, skeleton
+            )
             auxiliary = (reference,)
         self.objective = build_objective_fn(cfg.rl, objective_context(cfg, reference))
         rl = cfg.rl

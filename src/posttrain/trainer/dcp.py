@@ -55,10 +55,19 @@ def _quiet_single_process():
 
 
 def _states(trainer) -> dict:
+    """What DCP saves and loads in place: the policy's weights and optimizer state, and the
+    tensors of any ``trainer.extra_state`` component that keeps them here (``dcp_tensors``:
+    a sharded reference's weights, which ``trainer.pt`` on rank 0 could not hold)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
-    return {"model": model_sd, "optim": optim_sd}
+    states = {"model": model_sd, "optim": optim_sd}
+    extra = {
+        name: tensors
+        for name, component in getattr(trainer, "extra_state", {}).items()
+        if (tensors := getattr(component, "dcp_tensors", dict)())
+    }
+    return states | ({"extra": extra} if extra else {})
 
 
 def refuse_poisoned(trainer) -> None:
