@@ -51,12 +51,18 @@ def out(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
     lora = {"lora": 4, "opts": LORA_OPTS, "save": 3}
     gc, bf16 = [*OPTS, "model.gradient_checkpointing=true"], [*OPTS, "model.dtype=bfloat16"]
+    resets = [(kind, {"reset": 1, "opts": LORA_OPTS, **extra})  # a reference reset every step
+              for kind, extra in [("reset", {}), ("lora_reset", {"lora": 4})]]  # fmt: skip
     launch([job(tiny, out, "fsdp2", "fsdp", save=3), job(tiny, out, "none2", "none", save=3),
             job(tiny, out, "lora_fsdp2", "fsdp", **lora),
             job(tiny, out, "gc_fsdp2", "fsdp", opts=gc),
-            job(tiny, out, "bf16_fsdp2", "fsdp", opts=bf16)], 2)  # fmt: skip
+            job(tiny, out, "bf16_fsdp2", "fsdp", opts=bf16),
+            *[job(tiny, out, f"{k}_fsdp2", "fsdp", **r) for k, r in resets],
+            *[job(tiny, out, f"{k}_fsdp2_first2", "fsdp", steps=2, save=2, **r)
+              for k, r in resets]], 2)  # fmt: skip
     launch([job(tiny, out, "none1", "none"), job(tiny, out, "lora_none1", "none", **lora),
             job(tiny, out, "bf16_none1", "none", opts=bf16),
+            *[job(tiny, out, f"{k}_none1", "none", **r) for k, r in resets],
             job(tiny, out, "fsdp1", "fsdp", save=3),
             job(tiny, out, "fsdp2_into_1", "none", steps=0, load=ckpt(out, "fsdp2")),
             job(tiny, out, "fsdp2_into_1_fsdp", "fsdp", steps=0, load=ckpt(out, "fsdp2")),
@@ -66,9 +72,12 @@ def out(tiny, tmp_path_factory):
         [
             job(tiny, out, "fsdp1_into_2", "fsdp", steps=0, load=ckpt(out, "fsdp1")),
             job(tiny, out, "fsdp2_into_2_none", "none", steps=0, load=ckpt(out, "fsdp2")),
+            *[job(tiny, out, f"{k}_fsdp2_resumed", "fsdp", steps=1, first_step=2,
+                  load=str(out / f"ck-{k}_fsdp2_first2" / "step_00000002"), **r)
+              for k, r in resets],
         ],
         2,
-    )
+    )  # fmt: skip
     return out
 
 
@@ -111,6 +120,30 @@ def test_lora_adapters_train_inside_sharded_layers(out):
     sizes = got["sizes"]
     assert sum(s["grads"] for s in sizes) == want["sizes"][0]["grads"]
     assert sum(s["optimizer"] for s in sizes) == want["sizes"][0]["optimizer"]
+
+
+@pytest.mark.parametrize("kind", ["reset", "lora_reset"])
+def test_reference_resets_on_sharded_ranks_make_the_unsharded_run(out, kind):
+    """A KL reference reset after every step: a full reference sharded like the policy (each
+    rank copies its own shards), or LoRA's frozen adapters swapped into the sharded layers for
+    the reference's forward; two FSDP ranks make one unsharded rank's run."""
+    assert_same_run(load(out, f"{kind}_fsdp2"), load(out, f"{kind}_none1"))
+
+
+@pytest.mark.parametrize("kind", ["reset", "lora_reset"])
+def test_sharded_ranks_stopped_after_a_reset_resume_bit_for_bit(out, kind):
+    """Two steps, a checkpoint (the reference's shards in ``dcp/``), then a third step from it:
+    the three-step run's weights, optimizer state and last loss, bit for bit."""
+    straight, resumed = load(out, f"{kind}_fsdp2"), load(out, f"{kind}_fsdp2_resumed")
+    assert resumed["losses"] == straight["losses"][2:]
+    for part in ("params", "optim"):
+        a, b = straight[part], resumed[part]
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
+    from torch.distributed.checkpoint import FileSystemReader
+
+    dcp = out / f"ck-{kind}_fsdp2_first2" / "step_00000002" / "dcp"
+    keys = FileSystemReader(str(dcp)).read_metadata().state_dict_metadata
+    assert any(k.startswith("extra.reference_reset.") for k in keys)
 
 
 def test_gradient_checkpointing_composes(out):

@@ -94,24 +94,18 @@ def test_opd_refuses_a_reset_in_one_line_its_anchor_is_the_teacher():
     assert "OPD has no KL reference to reset, its anchor is the teacher" in line
 
 
-@pytest.mark.parametrize(
-    ("opts", "start"),
-    [
-        (("placement.policy_sharding=fsdp", "placement.backend=ray", "placement.policy_ranks=2",
-          "model.lora_rank=4"),
-         "rl.reference_reset_every=5 with model.lora_rank=4 is not supported with "
-         "placement.policy_sharding=fsdp"),
-        (("placement.reference_on=data",),
-         "rl.reference_reset_every=5 needs the reference on the policy side"),
-    ],
-)  # fmt: skip
-def test_where_the_reference_cannot_be_reset_is_refused_in_one_line(opts, start):
-    found = violations("rl.kl_beta=0.1", "rl.reference_reset_every=5", *opts)
+def test_a_reset_of_a_data_side_reference_is_refused_in_one_line():
+    found = violations(
+        "rl.kl_beta=0.1", "rl.reference_reset_every=5", "placement.reference_on=data"
+    )
+    start = "rl.reference_reset_every=5 needs the reference on the policy side"
     assert [v for v in found if v.startswith(start)], found
 
 
-def test_a_full_fine_tuning_reset_under_fsdp_passes_preflight():
-    """Its reference is sharded like the policy (tests/test_fsdp_ray.py runs it)."""
+@pytest.mark.parametrize("lora", ["model.lora_rank=0", "model.lora_rank=4"])
+def test_a_reset_under_fsdp_passes_preflight(lora):
+    """Full fine-tuning's reference is sharded like the policy, LoRA's frozen adapters are
+    swapped into the sharded layers (tests/test_fsdp_exact.py and tests/test_fsdp_ray.py)."""
     opts = [
         "rl.grpo_surrogate=clipped",
         "rl.kl_beta=0.1",
@@ -119,6 +113,7 @@ def test_a_full_fine_tuning_reset_under_fsdp_passes_preflight():
         "placement.policy_sharding=fsdp",
         "placement.backend=ray",
         "placement.policy_ranks=2",
+        lora,
     ]
     assert run_preflight(load_config("arithmetic", ["--", *opts])) is not None
 

@@ -2,7 +2,9 @@
 
 Each job says which model folder to train, ``sharding`` (none / fsdp), how many steps of the
 real GRPO objective on synthetic batches (dispatched to ranks as Ray placement does), and
-optionally a checkpoint to load before and/or save after. Rank 0 writes the full (gathered)
+optionally a checkpoint to load before and/or save after (``first_step``: the step a loaded
+job goes on from), and ``reset``: a KL reference reset every that many steps (a full
+reference, or under ``lora`` the frozen adapters). Rank 0 writes the full (gathered)
 parameters and optimizer moments, the reported losses and every rank's shard sizes to
 ``job["out"]``. The jobs share one gloo group (also with one rank, which FSDP needs).
 """
@@ -81,23 +83,33 @@ def run_job(job: dict, rank: int, world: int) -> None:
     from posttrain.model.loading import load_policy
     from posttrain.model.lora import AdapterFreeReference, apply_lora
     from posttrain.placement.dispatch import shard_batch
+    from posttrain.placement.reference_reset import ReferenceReset, ResettableAdapterReference
     from posttrain.testing import synthetic_batch
     from posttrain.trainer import CheckpointManager, LLMTrainer
     from posttrain.trainer.sharding import shard_bytes
 
     cfg = apply_overrides(PosttrainConfig(), job.get("opts", []))
     model, _ = load_policy(job["model"], None, "float32")
-    reference = None
+    reference, auxiliary, every = None, (), job.get("reset", 0)  # every: reference resets
     if job.get("lora"):
         model = apply_lora(model, job["lora"], 16.0, ["q_proj", "v_proj"], 0)
-        reference = AdapterFreeReference(model) if cfg.rl.kl_beta > 0 else None
+        if cfg.rl.kl_beta > 0:
+            frozen = ResettableAdapterReference if every else AdapterFreeReference
+            reference = frozen(model)
+    elif every:  # a full reference, sharded by the trainer like the policy
+        reference, _ = load_policy(job["model"], None, "float32")
+        auxiliary = (reference,)
     objective = build_objective(cfg.rl, objective_context(cfg, reference))
     minis = cfg.rl.mini_batch_per_replica
     trainer = LLMTrainer(
         model, objective, lr=job.get("lr", 1e-3), micro_batch_size=cfg.rl.micro_batch_size,
         grad_clip=cfg.rl.grad_clip, sharding=job["sharding"], precision=cfg.model.dtype,
-        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        gradient_checkpointing=cfg.model.gradient_checkpointing, auxiliary_models=auxiliary,
     )  # fmt: skip
+    reset = None
+    if every:
+        reset = ReferenceReset(model, reference, trainer.optimizer, every, False)
+        trainer.extra_state["reference_reset"] = reset
     manager = CheckpointManager(job.get("ckpt_root", job["out"] + "-ckpt"), keep_last=0)
     if job.get("load"):
         try:
@@ -111,11 +123,14 @@ def run_job(job: dict, rank: int, world: int) -> None:
             return
     losses = []
     vocab = model.config.vocab_size
-    for step in range(job.get("steps", 3)):
+    first = job.get("first_step", 0)  # a resumed job goes on with the batches after its load
+    for step in range(first, first + job.get("steps", 3)):
         batch = synthetic_batch(vocab, job.get("rows", 8), seed=100 + step, response_width=8)
         mine = shard_batch(batch, world, minis)[rank]
         rows = trainer.train_on_batch(mine, mini_batches=minis)
         losses.append([r["train/loss"] for r in rows])
+        if reset is not None:
+            reset.after_update({})
     if job.get("save") is not None:
         manager.save(job["save"], trainer, config={"test": True})
     full_disk = None

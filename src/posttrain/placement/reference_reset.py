@@ -18,8 +18,9 @@ the adapters are off, the frozen base, exactly as without resets).
 
 Exact resume: :meth:`ReferenceReset.state_dict` (the step, the reset count and, after a reset,
 the reference's weights — the adapters only under LoRA) rides in the trainer's ``trainer.pt``,
-which the checkpoint manifest covers. A sharded reference's weights ride in the checkpoint's
-DCP shards instead (:meth:`ReferenceReset.dcp_tensors`), resharded on load like the policy's.
+which the checkpoint manifest covers. Under FSDP the reference's weights (a full reference's
+shards, or LoRA's frozen adapter shards) ride in the checkpoint's DCP shards instead
+(:meth:`ReferenceReset.dcp_tensors`), resharded on load like the policy's.
 """
 
 from __future__ import annotations
@@ -41,33 +42,64 @@ class ResettableAdapterReference(nn.Module):
     """The LoRA policy scored with a frozen copy of its adapters (eval mode, no grad); before
     the first :meth:`freeze` the adapters are off: the frozen base.
 
-    It holds the policy module itself; the frozen adapters go in through ``functional_call``, so
-    the policy's parameters are never written (its autograd graph stays valid)."""
+    It holds the policy module itself. Unsharded, the frozen adapters go in through
+    ``functional_call``, so the policy's parameters are never written. Under FSDP a layer
+    gathers its own parameter shards and would never read a tensor passed that way, so the
+    frozen shards are copied into the policy's adapter shards for the forward and the live
+    ones back after it (exact copies under no grad; FSDP gathers the restored shards again for
+    the update's backward)."""
 
     def __init__(self, policy: nn.Module) -> None:
         super().__init__()
         if not is_lora(policy):
             raise ValueError("ResettableAdapterReference needs a peft (LoRA) model")
         self.policy = policy
-        self.frozen: dict[str, Tensor] | None = None
+        self.frozen: dict[str, Tensor] | None = None  # allocated at the first reset or load
+        self.active = False  # a reset has happened: score with ``frozen``, not the base
+
+    def _adapters(self) -> dict[str, Tensor]:
+        return {n: p for n, p in self.policy.named_parameters() if p.requires_grad}
+
+    def storage(self) -> dict[str, Tensor]:
+        """The frozen adapters' tensors, allocated on first use (as the live ones are: sharded
+        alike under FSDP), which a reset and a checkpoint's load write in place."""
+        if self.frozen is None:
+            self.frozen = {n: p.detach().clone() for n, p in self._adapters().items()}
+        return self.frozen
 
     @torch.no_grad()
     def freeze(self) -> None:
         """Take the policy's current adapters (its trainable parameters) as the reference's."""
-        self.frozen = {
-            n: p.detach().clone() for n, p in self.policy.named_parameters() if p.requires_grad
-        }
+        live = self._adapters()
+        for name, tensor in self.storage().items():
+            sh.local(tensor).copy_(sh.local(live[name]))
+        self.active = True
 
     def forward(self, **inputs):
         was_training = self.policy.training
         self.policy.eval()
         try:
-            if self.frozen is None:
+            if not self.active:
                 with self.policy.disable_adapter():
                     return self.policy(**inputs)
+            if sh.is_sharded(self.policy):
+                return self._swapped_forward(inputs)
             return functional_call(self.policy, self.frozen, args=(), kwargs=inputs)
         finally:
             self.policy.train(was_training)
+
+    def _swapped_forward(self, inputs: dict[str, Any]):
+        live = {n: sh.local(p) for n, p in self._adapters().items()}
+        kept = {n: t.clone() for n, t in live.items()}
+        with torch.no_grad():
+            for name, tensor in self.storage().items():
+                live[name].copy_(sh.local(tensor))
+        try:
+            return self.policy(**inputs)
+        finally:
+            with torch.no_grad():
+                for name, tensor in kept.items():
+                    live[name].copy_(tensor)
 
 
 class ReferenceReset:
@@ -117,27 +149,23 @@ class ReferenceReset:
             self.optimizer.state.clear()
         self.resets += 1
 
-    # -- state (in trainer.pt) ---------------------------------------------------------------
+    # -- state (in trainer.pt, or DCP for a sharded trainer) -----------------------------------
     def _weights(self) -> dict[str, Tensor]:
         if isinstance(self.reference, ResettableAdapterReference):
             return dict(self.reference.frozen or {})
         return dict(self.reference.state_dict())
 
-    def _sharded(self) -> bool:
-        return not isinstance(self.reference, ResettableAdapterReference) and sh.is_sharded(
-            self.reference
-        )
-
     def dcp_tensors(self) -> dict[str, Tensor]:
-        """The reference's weights where a checkpoint keeps them in DCP (a sharded trainer's):
-        a full-fine-tuning reference's, loaded in place (``trainer/dcp.py``); LoRA's adapters
-        stay in ``trainer.pt``."""
+        """The reference's weights where a checkpoint keeps them in DCP (a sharded trainer's,
+        or one loaded from it): the same tensors whatever the reset count, so a load asks for
+        what any save wrote, and DCP fills them in place (``trainer/dcp.py``)."""
         if isinstance(self.reference, ResettableAdapterReference):
-            return {}
+            return dict(self.reference.storage())
         return dict(self.reference.state_dict())
 
     def state_dict(self) -> dict[str, Any]:
-        weights = self._weights() if self.resets and not self._sharded() else {}
+        sharded = sh.is_sharded(self.policy)  # then the weights are in the DCP shards
+        weights = self._weights() if self.resets and not sharded else {}
         return {
             "step": self.step,
             "resets": self.resets,
@@ -150,10 +178,10 @@ class ReferenceReset:
         self.step = int(state["step"])
         self.resets = int(state["resets"])
         self._after_reset = bool(state["after_reset"])
-        weights = state["weights"]
-        if not self.resets or not weights:  # none yet, or in the DCP shards (already loaded)
-            return
+        weights = state["weights"]  # empty: none yet, or in the DCP shards (already loaded)
         if isinstance(self.reference, ResettableAdapterReference):
-            self.reference.frozen = {n: t.clone() for n, t in weights.items()}
-        else:
+            if weights:
+                self.reference.frozen = {n: t.clone() for n, t in weights.items()}
+            self.reference.active = self.resets > 0
+        elif weights:
             self.reference.load_state_dict(weights)
