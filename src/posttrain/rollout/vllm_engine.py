@@ -29,7 +29,9 @@ interface as the torch engine:
 
 from __future__ import annotations
 
+import getpass
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -57,6 +59,22 @@ if TYPE_CHECKING:
 
 #: Seeds vLLM takes per request (a signed 64-bit range is safe for its torch generators).
 _SEED_RANGE = 2**62
+
+
+def inductor_cache_dir() -> str:
+    """Torch inductor's cache folder as this process sees it: ``TORCHINDUCTOR_CACHE_DIR``, else
+    torch's default (``torchinductor_<user>`` in the temp folder; the rule of
+    ``torch._inductor.runtime.cache_dir_utils.default_cache_dir``, whose import costs ~1 s).
+    Shared by every vLLM start, as inductor's cache is meant to be (it locks its entries)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return os.path.abspath(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(
+        tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)
+    )
 
 
 @dataclass(frozen=True)
@@ -181,6 +199,9 @@ class VllmRolloutEngine:
                 # vLLM's torch.distributed rendezvous file (``vllm_dist_*`` in the temp folder,
                 # one per start, never removed: 182 were found in /tmp)
                 "TMPDIR": workdir,
+                # ...but not torch inductor's cache, which would follow TMPDIR: a cache per start
+                # compiled the same C++ header again at every start (~5 s of g++ each).
+                "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
             }
             gpus = cuda_devices(
                 options.device, options.tensor_parallel_size,
