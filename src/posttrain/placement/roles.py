@@ -13,31 +13,26 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from posttrain.algorithm.primitives.objective import DataSideReference
 from posttrain.config import PosttrainConfig, to_dict
 from posttrain.config.build import needs_reference, objective_context, reference_on_data
-from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
-from posttrain.env.episode import Episode, TurnRequest
-from posttrain.env.host import EpisodeHost
+from posttrain.env.episode import TurnRequest
 from posttrain.model.loading import load_policy
 from posttrain.model.lora import AdapterFreeReference, apply_lora
 from posttrain.model.protocol import model_capabilities, require_trainable
 from posttrain.placement.device import rollout_dtype
 from posttrain.placement.lora_base import adapted_base
 from posttrain.placement.reference_reset import ReferenceReset, ResettableAdapterReference
+from posttrain.placement.reward_role import RewardRole, load_role_tokenizer  # noqa: F401 (a role)
 from posttrain.placement.weight_sync import (
     WeightSink,
     WeightSource,
     bucket_bytes,
 )
-from posttrain.reward import RewardStage
-from posttrain.reward.stage import RewardResult, RowScores
 from posttrain.rollout.base import Rollout
-from posttrain.rollout.multiturn import env_metrics
 from posttrain.rollout.registry import build_engine, engine_capabilities
 from posttrain.trainer import CheckpointManager, LLMTrainer, ResumeState
 from posttrain.trainer import distributed as dp
@@ -199,7 +194,7 @@ class RolloutRole:
                 cfg.model.name_or_path, cfg.model.tokenizer_path, dtype, device
             )
         else:
-            tokenizer = _load_tokenizer(cfg)
+            tokenizer = load_role_tokenizer(cfg)
         self.tokenizer = tokenizer
         self.engine = build_engine(cfg.rollout.engine, model, tokenizer)
         self.sink: WeightSink | None = None
@@ -273,81 +268,6 @@ class RolloutRole:
         return self.engine.weight_version
 
 
-class RewardRole:
-    """Scores complete groups and annotates advantages before dispatch."""
-
-    def __init__(self, config: PosttrainConfig) -> None:
-        self.config = cfg = config
-        rw = cfg.reward
-        self.stage = RewardStage(
-            verifier=rw.verifier,
-            format_weight=rw.format_weight,
-            functions=list(rw.functions),
-            group_size=cfg.rollout.n,
-            estimator=cfg.rl.advantage_estimator,
-            scaling=cfg.rl.reward_scaling,
-            advantage_eps=cfg.rl.advantage_eps,
-            shared_prefix_mask=rw.shared_prefix_mask,
-            overlong_buffer=rw.overlong_buffer,
-            overlong_penalty=rw.overlong_penalty,
-            max_tokens=cfg.rollout.max_tokens,
-            mask_truncated=rw.mask_truncated,
-            dtype=_float_dtype(cfg.model.dtype),
-            credit=cfg.rl.credit,
-        )
-        # The environments (env.name) run here, in the reward role's process.
-        self.episodes = EpisodeHost(cfg, _load_tokenizer(cfg)) if cfg.env.name else None
-
-    def open_episodes(self, items: Sequence[TaskItem]) -> list[TurnRequest]:
-        return self._episodes().open(items)
-
-    def advance_episodes(self, outs: Sequence[Sequence[int]]) -> list[TurnRequest]:
-        return self._episodes().advance(outs)
-
-    def close_episodes(self) -> list[Episode]:
-        return self._episodes().close()
-
-    def close_tools(self) -> None:
-        """At the end of the run: the tool workers of this process and every process their
-        tools started are killed (a Ray actor is killed without running ``atexit``)."""
-        if self.episodes is not None:
-            from posttrain.env.tools import close_runners
-
-            close_runners()
-
-    def _episodes(self) -> EpisodeHost:
-        if self.episodes is None:
-            raise RuntimeError("multi-turn episodes need env.name (no environment configured)")
-        return self.episodes
-
-    def rollout_scores(self, rollout: Rollout, items: Sequence[TaskItem]) -> RowScores:
-        """Per-row scores only (dynamic sampling filters rounds on them before annotating)."""
-        rows = [items[i] for i in rollout.prompt_index.tolist()]
-        return self.stage.rollout_scores(rollout.batch, list(rollout.texts), rows)
-
-    def score(
-        self, rollout: Rollout, items: Sequence[TaskItem], scores: RowScores | None = None
-    ) -> RewardResult:
-        """The annotated batch, its metrics and per-row scores (row ``i`` of the rollout); pass
-        the rows' :meth:`rollout_scores` when already computed, so no reward component runs
-        twice."""
-        rows = [items[i] for i in rollout.prompt_index.tolist()]
-        result = self.stage(
-            rollout.batch, list(rollout.texts), rows, truncated=rollout.truncated, scores=scores
-        )
-        result.metrics.update(env_metrics(result.batch))  # {} for single-turn rollouts
-        return result
-
-    def evaluate(
-        self, completions: Sequence[str], items: Sequence[TaskItem], env: Tensor | None = None
-    ):
-        """Held-out metrics and the per-row scores behind them (each row scored once); ``env``:
-        the rows' environment rewards (a multi-turn evaluation's ``env_reward`` column)."""
-        env_rewards = None if env is None else env.tolist()
-        scores = self.stage.score(list(completions), list(items), env=env_rewards)
-        return self.stage.metrics_of(scores), scores
-
-
 def sends_adapters(cfg: PosttrainConfig) -> bool:
     """Whether a LoRA policy's syncs send its adapters alone (else its merged full weights):
     an engine that merges them onto a base copy of its own always does; vLLM does with
@@ -387,14 +307,3 @@ def vllm_options(cfg: PosttrainConfig, device: str | None):
         lora_rank=m.lora_rank if adapters else 0, lora_alpha=m.lora_alpha if adapters else 0.0,
         lora_targets=tuple(m.lora_target_modules) if adapters else (),
     )  # fmt: skip
-
-
-def _load_tokenizer(cfg: PosttrainConfig):
-    from posttrain.model.loading import load_tokenizer
-
-    return load_tokenizer(cfg.model.tokenizer_path or cfg.model.name_or_path)
-
-
-def _float_dtype(name: str) -> torch.dtype:
-    # Advantages stay float32 even for a bf16 policy: they are loss coefficients, not activations.
-    return torch.float32 if name == "bfloat16" else getattr(torch, name)
