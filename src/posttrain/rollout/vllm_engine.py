@@ -61,20 +61,24 @@ if TYPE_CHECKING:
 _SEED_RANGE = 2**62
 
 
-def inductor_cache_dir() -> str:
-    """Torch inductor's cache folder as this process sees it: ``TORCHINDUCTOR_CACHE_DIR``, else
-    torch's default (``torchinductor_<user>`` in the temp folder; the rule of
-    ``torch._inductor.runtime.cache_dir_utils.default_cache_dir``, whose import costs ~1 s).
-    Shared by every vLLM start, as inductor's cache is meant to be (it locks its entries)."""
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        return os.path.abspath(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+def share_inductor_cache(workdir: str) -> None:
+    """Give vLLM's process torch inductor's shared cache although its ``TMPDIR`` is ``workdir``.
+
+    Inductor keeps its compiled kernels and precompiled C++ headers in ``torchinductor_<user>``
+    in the temp folder (the headers there whatever ``TORCHINDUCTOR_CACHE_DIR`` says), so with
+    ``TMPDIR`` pointing at a new folder every start compiled the same header again (~5 s of
+    g++). A link of that name in ``workdir`` to this process's folder makes every start share
+    one cache, as inductor intends (it locks its entries); removing ``workdir`` removes only the
+    link. The name and folder follow ``torch._inductor.runtime.cache_dir_utils``'s rule (whose
+    import costs ~1 s)."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = f"uid_{os.getuid()}"
-    return os.path.join(
-        tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)
-    )
+    name = "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)
+    shared = Path(tempfile.gettempdir()) / name
+    shared.mkdir(parents=True, exist_ok=True)
+    (Path(workdir) / name).symlink_to(shared, target_is_directory=True)
 
 
 @dataclass(frozen=True)
@@ -199,10 +203,8 @@ class VllmRolloutEngine:
                 # vLLM's torch.distributed rendezvous file (``vllm_dist_*`` in the temp folder,
                 # one per start, never removed: 182 were found in /tmp)
                 "TMPDIR": workdir,
-                # ...but not torch inductor's cache, which would follow TMPDIR: a cache per start
-                # compiled the same C++ header again at every start (~5 s of g++ each).
-                "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
             }
+            share_inductor_cache(workdir)  # which would follow TMPDIR
             gpus = cuda_devices(
                 options.device, options.tensor_parallel_size,
                 os.environ.get("CUDA_VISIBLE_DEVICES"),
