@@ -364,9 +364,11 @@ def test_the_placement_line_of_a_ray_run_names_every_actor():
     fsdp = ["placement.backend=ray", "placement.policy_ranks=2", "placement.policy_sharding=fsdp"]
     assert placement_line(load_config("arithmetic_clipped", ["--", *fsdp])) == (
         "placement: Ray, policy on 2 actor(s) on cpu (FSDP-sharded, float32 master, float32 "
-        "compute), reference in each policy actor (float32), rollout actor on cpu (float32, own "
-        "copy), reward actor on cpu; 1 torch thread(s) per actor"
+        "compute), reference sharded over the policy actors (float32), rollout actor on cpu "
+        "(float32, own copy), reward actor on cpu; 1 torch thread(s) per actor"
     )
+    replicated = load_config("arithmetic_clipped", ["--", "placement.backend=ray"])
+    assert ", reference in each policy actor (float32)," in placement_line(replicated)
     lagged = load_config(
         "arithmetic_clipped", ["--", "placement.backend=ray", "rl.off_policy_lag=1"]
     )

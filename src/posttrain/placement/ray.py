@@ -248,7 +248,8 @@ def placement_line(config: PosttrainConfig, specs: Sequence[RoleSpec] = ()) -> s
     device = "cuda" if pc.gpus_per_role > 0 else "cpu"
     how = "FSDP-sharded" if pc.policy_sharding == "fsdp" else "replicated"
     inside = needs_reference(config) and not reference_on_data(config)
-    ref = f", reference in each policy actor ({m.dtype})" if inside else ""
+    where = "sharded over the policy actors" if how == "FSDP-sharded" else "in each policy actor"
+    ref = f", reference {where} ({m.dtype})" if inside else ""
     others = "".join(f", {s.name} actor on {s.device(device) or 'cpu'}" for s in specs)
     return (
         f"placement: Ray, policy on {pc.policy_ranks} actor(s) on {device} ({how}, float32 "
