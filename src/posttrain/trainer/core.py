@@ -76,7 +76,8 @@ class Trainer:
     ``precision="float32"`` computes in the parameters' own dtype (no autocast; tests use
     float64 models); ``"bfloat16"`` runs forwards under bf16 autocast with full-precision master
     weights. ``auxiliary_models`` (e.g. the frozen reference behind a ``ReferenceScorer``) are
-    moved to the trainer's device, put in eval mode and frozen; they are never optimised.
+    moved to the trainer's device (sharded like the policy when it is), put in eval mode and
+    frozen; they are never optimised.
     ``max_consecutive_nonfinite`` consecutive skipped steps stop the run. ``compile`` runs the
     objective (forward and log-prob of each micro-batch) through ``torch.compile``.
 
@@ -141,7 +142,7 @@ class Trainer:
         self.precision = precision
         self.max_consecutive_nonfinite = max_consecutive_nonfinite
         self.auxiliary_models = tuple(auxiliary_models)
-        self._place_auxiliary(precision)
+        sh.place_frozen(self.auxiliary_models, self.model, self.device, self.sharded, precision)
         if gradient_checkpointing:
             enable_gradient_checkpointing(model)
         if self.sharded:
@@ -167,25 +168,6 @@ class Trainer:
         self.extra_state: dict[str, Any] = {}
 
     # -- placement -------------------------------------------------------------------------
-    def _place_auxiliary(self, precision: str) -> None:
-        """Frozen, in eval mode, on the trainer's device; sharded like the policy when it is
-        (a reference then costs each rank 1/N of its bytes, and a reset copies shard to shard)."""
-        policy = {id(p) for p in self.model.parameters()}
-        for i, aux in enumerate(self.auxiliary_models):
-            if aux is self.model or any(id(p) in policy for p in aux.parameters()):
-                raise ValueError(
-                    f"auxiliary_models[{i}] shares parameters with the policy; a frozen "
-                    "reference must be a separate copy (e.g. copy.deepcopy(policy))"
-                )
-            if sh.on_meta(aux) and not self.sharded:
-                raise ValueError(f"auxiliary_models[{i}] is on the meta device and not sharded")
-            aux.requires_grad_(False)
-            if self.sharded:
-                sh.shard_model(aux, precision)  # rank 0's weights onto every rank's shards
-            else:
-                aux.to(self.device)
-            aux.eval()
-
     def forward_context(self) -> contextlib.AbstractContextManager:
         """The autocast region every objective forward (and the π_old capture) runs in (none
         when sharded: FSDP's mixed-precision policy casts the gathered parameters itself)."""

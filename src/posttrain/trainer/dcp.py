@@ -64,7 +64,7 @@ def _states(trainer) -> dict:
     states = {"model": model_sd, "optim": optim_sd}
     extra = {
         name: tensors
-        for name, component in getattr(trainer, "extra_state", {}).items()
+        for name, component in trainer.extra_state.items()
         if (tensors := getattr(component, "dcp_tensors", dict)())
     }
     return states | ({"extra": extra} if extra else {})

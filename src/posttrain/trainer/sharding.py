@@ -106,6 +106,33 @@ def shard_model(model: nn.Module, precision: str) -> None:
     _fill_from_rank0(model, full, device)
 
 
+def place_frozen(
+    models: Sequence[nn.Module],
+    policy: nn.Module,
+    device: torch.device,
+    sharded: bool,
+    precision: str,
+) -> None:
+    """A trainer's auxiliary models (a frozen reference): frozen, in eval mode, on ``device``;
+    sharded like the policy when it is (:func:`shard_model`: a reference then costs each rank
+    1/N of its bytes, and a reset copies shard to shard)."""
+    own = {id(p) for p in policy.parameters()}
+    for i, aux in enumerate(models):
+        if aux is policy or any(id(p) in own for p in aux.parameters()):
+            raise ValueError(
+                f"auxiliary_models[{i}] shares parameters with the policy; a frozen "
+                "reference must be a separate copy (e.g. copy.deepcopy(policy))"
+            )
+        if on_meta(aux) and not sharded:
+            raise ValueError(f"auxiliary_models[{i}] is on the meta device and not sharded")
+        aux.requires_grad_(False)
+        if sharded:
+            shard_model(aux, precision)  # rank 0's weights onto every rank's shards
+        else:
+            aux.to(device)
+        aux.eval()
+
+
 @torch.no_grad()
 def _fill_from_rank0(model: nn.Module, full: dict[str, Tensor], device: torch.device) -> None:
     """Rank 0's parameters and buffers onto every rank: parameters through DCP's broadcast into
