@@ -1,7 +1,7 @@
 """The end of a run writes ``RUN_DIR/final_model``, a plain Hugging Face folder, from its final
 checkpoint (``checkpoint.export_final``), atomically; ``posttrain model export`` is the same
 export for any checkpoint. The sharded (two FSDP Ray ranks) case is in
-``test_export_final_ray.py``."""
+``test_fsdp_ray.py``."""
 
 from __future__ import annotations
 

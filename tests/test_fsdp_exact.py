@@ -75,6 +75,8 @@ def out(tiny, tmp_path_factory):
             *[job(tiny, out, f"{k}_fsdp2_resumed", "fsdp", steps=1, first_step=2,
                   load=str(out / f"ck-{k}_fsdp2_first2" / "step_00000002"), **r)
               for k, r in resets],
+            # Last: rank 1's shard write fails with ENOSPC (the worker restores the writer).
+            job(tiny, out, "full", "fsdp", steps=1, save=3, full_disk_rank=1),
         ],
         2,
     )  # fmt: skip
@@ -196,15 +198,14 @@ def test_sharded_checkpoint_layout_and_manifest(out, tmp_path):
         verify(damaged, 3)
 
 
-def test_a_full_disk_during_a_sharded_save_is_one_line_naming_the_disk(tiny, tmp_path):
+def test_a_full_disk_during_a_sharded_save_is_one_line_naming_the_disk(out):
     """Rank 1's shard write fails with ENOSPC: every rank reports the full disk and the
     checkpoint's path in one line (not DCP's ``CheckpointException`` with each rank's
     traceback), no half checkpoint is left, and the checkpoint before it still verifies."""
     from posttrain.trainer.manifest import verify
 
-    launch([job(tiny, tmp_path, "full", "fsdp", steps=1, save=3, full_disk_rank=1)], 2)
-    root = tmp_path / "ck-full"
-    for error in load(tmp_path, "full")["full_disk"]:
+    root = out / "ck-full"
+    for error in load(out, "full")["full_disk"]:
         assert error.startswith("CheckpointError: checkpoint step 4 could not be saved to "), error
         assert f"{root / 'step_00000004'}: no space left on that disk; free space" in error
         assert "\n" not in error and "Traceback" not in error

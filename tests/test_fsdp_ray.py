@@ -1,6 +1,8 @@
 """FSDP policy ranks through the Ray entry: the arithmetic recipe for four steps in-process
 (one unsharded rank) and on Ray with two FSDP ranks give the same run (to float rounding), the
-sharded checkpoint the run wrote exports to a folder ``from_pretrained`` loads, and a CLI run on
+sharded run ends with ``RUN_DIR/final_model``, a folder ``from_pretrained`` loads whose weights
+are the final sharded checkpoint's bit for bit (read back independently with DCP's own
+converter; rank 1 loaded a meta-device skeleton), and a CLI run on
 two FSDP ranks whose rank is killed with SIGKILL resumes to that run's numbers and shards, bit
 for bit.
 
@@ -30,6 +32,7 @@ from posttrain.config import load_config  # noqa: E402
 from posttrain.config.build import build_objective  # noqa: E402
 from posttrain.entrypoints import grpo  # noqa: E402
 from posttrain.model.tiny import build_tiny_model  # noqa: E402
+from posttrain.run.records import FINAL_DIR  # noqa: E402
 from posttrain.trainer.export import export_hf  # noqa: E402
 
 STEPS = 4
@@ -125,10 +128,17 @@ def test_two_fsdp_ranks_make_the_single_rank_run(runs, tmp_path):
     keys = list(dcp.FileSystemReader(str(sharded / "dcp")).read_metadata().state_dict_metadata)
     reference = [k for k in keys if k.startswith("extra.reference_reset.")]  # the reset's shards
     assert len(reference) == sum(k.startswith("model.") for k in keys) > 0
-    exported = export_hf(sharded, tmp_path / "hf")
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from transformers import AutoModelForCausalLM
 
-    got = AutoModelForCausalLM.from_pretrained(exported, local_files_only=True).state_dict()
+    final = Path(out["fsdp2"]["run_dir"]) / FINAL_DIR
+    assert out["fsdp2"]["final_model"] == str(final)
+    got = AutoModelForCausalLM.from_pretrained(final, local_files_only=True).state_dict()
+    dcp_to_torch_save(sharded / "dcp", tmp_path / "full.pt")
+    shards = torch.load(tmp_path / "full.pt", weights_only=True)["model"]
+    assert set(shards) <= set(got)
+    for k, v in shards.items():
+        assert torch.equal(got[k], v), k
     want = load_file(str(ckpt(out["local"]) / "model" / "model.safetensors"))
     initial = load_file(str(tiny / "model.safetensors"))
     # Two ranks sum each gradient in another order (float32), and AdamW's normalised step turns

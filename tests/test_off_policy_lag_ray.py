@@ -3,9 +3,11 @@ trains, and the run still replays and resumes bit for bit.
 
 Two runs of the arithmetic recipe with the clipped surrogate (so the importance correction is
 read) on Ray: an in-process driver, and a CLI driver killed with SIGKILL after its step-2
-checkpoint, then resumed with ``rl.resume=auto``; dynamic sampling is on. Every step of the
-second (steps 1-2 from the killed driver, 3-6 from the resumed one) and its final weights equal
-the first's: the lagged run replays and resumes bit for bit. A k=0 run (in process: Ray equals
+checkpoint, then resumed with ``rl.resume=auto``; dynamic sampling is on, and a KL reference
+resets to the policy every two steps (``rl.reference_reset_every=2``; under a lag ``auto`` keeps
+a resetting reference on the policy actor), so the kill lands right after a reset. Every step of
+the second (steps 1-2 from the killed driver, 3-6 from the resumed one) and its final weights
+equal the first's: the lagged run replays and resumes bit for bit, across resets. A k=0 run (in process: Ray equals
 in-process bit for bit, tests/test_placement_ray.py) shows the lag changes the numbers (so the
 equalities can fail). OPD's teacher under a lag: tests/test_opd_ray.py (beside the k=0 OPD run it
 compares with).
@@ -60,7 +62,7 @@ def opts_for(root: Path, model: Path, **extra) -> list[str]:
         "rl.save_every": 2, "rl.eval_every": 3, "rl.micro_batch_size": 4,
         "logging.progress": False, "placement.backend": "ray", "placement.cpus_per_role": 0.5,
         "rl.off_policy_lag": 1, "checkpoint.keep_last": 5, "rl.dynamic_sampling": True,
-        "rl.max_sampling_rounds": 2,
+        "rl.max_sampling_rounds": 2, "rl.kl_beta": 0.1, "rl.reference_reset_every": 2,
     }  # fmt: skip
     opts.update(extra)
     if opts["placement.backend"] == "local":  # the Ray knobs are refused there
@@ -105,6 +107,9 @@ def straight(ray_cluster, tiny_dir, tmp_path_factory):
 def test_the_rollout_samples_one_step_behind_with_the_correction_on(straight):
     a = rows(straight)
     assert [r["step"] for r in a] == list(range(STEPS + 1))
+    assert [r["train/reference/resets"] for r in a[1:]] == [0, 1, 1, 2, 2, 3]
+    raw = (run_dir(straight) / "metrics.jsonl").read_text()
+    assert "time/reference_s" not in raw  # scored on the policy side, by no data-side role
     staleness = [r["train/offpolicy/staleness"] for r in a[1:]]
     assert staleness == [0.0] + [1.0] * (STEPS - 1)
     # The correction is on by default under a lag and sees a real sampler-trainer gap.

@@ -220,15 +220,23 @@ def test_local_placement_builds_declared_roles_in_order_on_their_devices(tmp_pat
     assert isinstance(unwrap(placed[0].role), LengthScorer) and placed[1].role.device is None
 
 
-def test_the_length_role_reaches_the_policy_and_changes_no_number(tmp_path, tiny_dir):
-    rows, seen = _run(tmp_path / "with", tiny_dir, (LENGTH,))
+@pytest.fixture(scope="module")
+def with_length(tiny_dir, tmp_path_factory) -> tuple[list[dict], list[int]]:
+    """A local run with the length role: its rows and the row counts the role saw."""
+    return _run(tmp_path_factory.mktemp("with"), tiny_dir, (LENGTH,))
+
+
+def test_the_length_role_reaches_the_policy_and_changes_no_number(tmp_path, tiny_dir, with_length):
+    rows, seen = with_length
     assert all("time/length_s" in r for r in rows[1:])
     assert sum(seen) == STEPS * 4  # every row of every step's batch, as micro-batches
     plain, _ = _run(tmp_path / "without", tiny_dir, ())
     assert run_numbers(rows) == run_numbers(plain)  # a column nobody reads leaves the math alone
 
 
-def test_the_length_role_under_ray_gives_the_local_numbers(tmp_path, tiny_dir, ray_cluster):
+def test_the_length_role_under_ray_gives_the_local_numbers(
+    tmp_path, tiny_dir, ray_cluster, with_length
+):
     from posttrain.config import ConfigError
     from posttrain.placement.ray import place_ray
 
@@ -243,6 +251,6 @@ def test_the_length_role_under_ray_gives_the_local_numbers(tmp_path, tiny_dir, r
             place_ray(config, "arithmetic", opts, build_objective, "run", (LENGTH, scorer))
     remote, seen = _run(tmp_path / "ray", tiny_dir, (LENGTH,), **{
         "placement.backend": "ray", "placement.cpus_per_role": 0.5})  # fmt: skip
-    local, _ = _run(tmp_path / "local", tiny_dir, (LENGTH,))
+    local, _ = with_length
     assert sum(seen) == STEPS * 4 and all("time/length_s" in r for r in remote[1:])
     assert run_numbers(remote) == run_numbers(local)
