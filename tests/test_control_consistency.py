@@ -21,6 +21,11 @@ CASES: list[Case] = [
     ("overlong_buffer_fits", ["reward.overlong_buffer=300"],
      "reward.overlong_buffer=300 exceeds rollout.max_tokens=256",
      ["reward.overlong_buffer=300", "rollout.max_tokens=300"]),
+    ("anneal_needs_functions", ["reward.functions_anneal_steps=100"],
+     "reward.functions_anneal_steps=100 fades the reward functions, and reward.functions is "
+     "empty; set reward.functions or reset with reward.functions_anneal_steps=@default",
+     ["reward.functions_anneal_steps=100",
+      "reward.functions=[posttrain.reward.shaping:numeric_closeness]"]),
     ("lora_knobs_need_rank", ["model.lora_alpha=32", "model.lora_target_modules=[q_proj]"],
      "model.lora_alpha=32.0, model.lora_target_modules=['q_proj'] are never read with "
      "model.lora_rank=0", ["model.lora_alpha=32", "model.lora_rank=8"]),

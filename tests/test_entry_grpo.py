@@ -83,15 +83,38 @@ def test_run_writes_metrics_samples_config_and_checkpoints(tmp_path, tiny_dir):
     assert (run_dir / "checkpoints" / "step_00000004").is_dir()
 
 
+def half_plus_digits(prompt, completion, answer, meta) -> float:
+    """A shaping reward that is never 0 and varies with the completion."""
+    return 0.5 + 0.5 * sum(c.isdigit() for c in completion)
+
+
+#: A reward function faded out over three steps: weights 1, 2/3, 1/3, 0 at steps 1-4.
+ANNEALED = {"reward.functions": "[test_entry_grpo:half_plus_digits]",
+            "reward.functions_anneal_steps": 3}  # fmt: skip
+
+
 def test_same_seed_same_metrics_and_resume_continues_exactly(tmp_path, tiny_dir):
-    straight = _strip_timing(metrics_of(train(quick_opts(tmp_path / "a", tiny_dir))))
-    again = _strip_timing(metrics_of(train(quick_opts(tmp_path / "b", tiny_dir))))
+    straight = _strip_timing(metrics_of(train(quick_opts(tmp_path / "a", tiny_dir, **ANNEALED))))
+    again = _strip_timing(metrics_of(train(quick_opts(tmp_path / "b", tiny_dir, **ANNEALED))))
     assert straight == again
     # Stop after step 2 (its checkpoint), then resume=auto runs steps 3-4 from the checkpoint.
-    train(quick_opts(tmp_path / "c", tiny_dir, **{"rl.max_steps": 2}))
-    resumed = train(quick_opts(tmp_path / "c", tiny_dir))
+    train(quick_opts(tmp_path / "c", tiny_dir, **ANNEALED, **{"rl.max_steps": 2}))
+    resumed = train(quick_opts(tmp_path / "c", tiny_dir, **ANNEALED))
     assert resumed["start_step"] == 2
     assert _strip_timing(metrics_of(resumed)) == straight
+
+
+def test_annealed_reward_functions_fade_out_in_training_and_evaluation(tmp_path, tiny_dir):
+    rows = metrics_of(train(quick_opts(tmp_path, tiny_dir, **ANNEALED)))
+    fn = "train/reward_fn/test_entry_grpo:half_plus_digits_mean"
+    weights = [r["train/reward_functions_weight"] for r in rows[1:]]
+    assert weights == pytest.approx([1, 2 / 3, 1 / 3, 0], abs=1e-15)
+    for r, w in zip(rows[1:], weights, strict=True):
+        assert r[fn] >= 0.5  # the function's own values, unweighted
+        assert r["train/reward_mean"] == pytest.approx(r["train/reward_verifier_mean"] + w * r[fn])
+    # Evaluation scores with the weight of its step: full at step 0, none at step 4.
+    assert rows[0]["val/reward_mean"] >= rows[0]["val/accuracy"] + 0.5
+    assert rows[4]["val/reward_mean"] == pytest.approx(rows[4]["val/accuracy"])
 
 
 def test_clipped_recipe_with_several_mini_batches(tmp_path, tiny_dir):

@@ -12,6 +12,7 @@ from posttrain.algorithm.annotators.advantage import shared_prefix_mask
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.reward import RewardError, RewardStage
+from posttrain.reward.stage import RowScores, functions_weight
 
 USER_MODULE = textwrap.dedent(
     """
@@ -109,6 +110,31 @@ def test_rewards_advantages_and_metrics_by_hand():
     assert "reward/shared_prefix_masked_frac" not in m
     assert out.scores.correct.tolist() == [True, False, True, True]
     assert torch.equal(out.batch.response_mask, _batch().response_mask)  # untouched
+
+
+@pytest.mark.parametrize(
+    ("anneal", "step", "want"),
+    [(0, 1, 1.0), (0, 10**6, 1.0), (4, 0, 1.0), (4, 1, 1.0), (4, 2, 0.75), (4, 4, 0.25),
+     (4, 5, 0.0), (4, 99, 0.0), (1, 1, 1.0), (1, 2, 0.0)],
+)  # fmt: skip
+def test_functions_weight_falls_linearly_to_zero_after_the_anneal(anneal, step, want):
+    assert functions_weight(anneal, step) == want
+
+
+def test_annealed_functions_count_with_their_weight_and_report_their_own_values():
+    weighted = _stage().rollout_scores(_batch(), COMPLETIONS, ITEMS, functions_weight=0.25)
+    full = _stage().rollout_scores(_batch(), COMPLETIONS, ITEMS)
+    fn = -0.1 * torch.tensor([1, 9, 9, 9], dtype=torch.float64)  # minus_len of each completion
+    torch.testing.assert_close(weighted.rewards, full.rewards - 0.75 * fn)
+    assert torch.equal(weighted.functions["stage_rewards:minus_len"], fn)  # unweighted
+    out = _stage()(_batch(), COMPLETIONS, ITEMS, scores=weighted)
+    torch.testing.assert_close(out.batch.rewards, weighted.rewards)
+    assert out.metrics["reward/functions_weight"] == 0.25
+    assert out.metrics["reward/fn/stage_rewards:minus_len_mean"] == pytest.approx(-0.7)
+    plain = _stage(functions=[])(_batch(), COMPLETIONS, ITEMS)
+    assert "reward/functions_weight" not in plain.metrics  # no functions, no weight to report
+    with pytest.raises(ValueError, match=r"functions weights \[0.25, 1.0\]"):
+        RowScores.concat([weighted, full])
 
 
 def test_dr_grpo_estimator_and_float32_default():

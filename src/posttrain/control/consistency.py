@@ -296,6 +296,19 @@ def overlong_buffer_fits(cfg: PosttrainConfig) -> str | None:
     )
 
 
+@error("reward.functions_anneal_steps", "reward.functions")
+def anneal_needs_functions(cfg: PosttrainConfig) -> str | None:
+    """The anneal weights the reward functions' sum: with none, nothing reads it."""
+    steps = cfg.reward.functions_anneal_steps
+    if not steps or cfg.reward.functions:
+        return None
+    return (
+        f"reward.functions_anneal_steps={steps} fades the reward functions, and "
+        "reward.functions is empty; set reward.functions or reset with "
+        "reward.functions_anneal_steps=@default"
+    )
+
+
 @error("model.lora_rank", "model.lora_alpha", "model.lora_target_modules")
 def lora_knobs_need_rank(cfg: PosttrainConfig) -> str | None:
     """LoRA scale and target modules are read only when model.lora_rank > 0."""
@@ -329,5 +342,6 @@ RULES = (
     warmup_fits_the_run,
     wandb_knobs_need_wandb,
     overlong_buffer_fits,
+    anneal_needs_functions,
     lora_knobs_need_rank,
 )

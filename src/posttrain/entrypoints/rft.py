@@ -273,7 +273,7 @@ def sample_and_score(config, sampler: Sampler, tokenizer, items, threshold) -> l
             seed=rollout_seed(config.job.seed, k), group_id_offset=start,
             sample_id_offset=start * n,
         )  # fmt: skip
-        scores = sampler.reward.rollout_scores(rollout, chunk)
+        scores = sampler.reward.rollout_scores(rollout, chunk, 0)  # as before any training step
         rows = [chunk[i] for i in rollout.prompt_index.tolist()]
         records = sample_rows(rows, rollout.texts, scores)
         b = rollout.batch

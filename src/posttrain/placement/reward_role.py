@@ -15,7 +15,7 @@ from posttrain.data.tasks import TaskItem
 from posttrain.env.episode import Episode, TurnRequest
 from posttrain.env.host import EpisodeHost
 from posttrain.reward import RewardStage
-from posttrain.reward.stage import RewardResult, RowScores
+from posttrain.reward.stage import RewardResult, RowScores, functions_weight
 from posttrain.rollout.base import Rollout
 from posttrain.rollout.multiturn import env_metrics
 
@@ -67,10 +67,12 @@ class RewardRole:
             raise RuntimeError("multi-turn episodes need env.name (no environment configured)")
         return self.episodes
 
-    def rollout_scores(self, rollout: Rollout, items: Sequence[TaskItem]) -> RowScores:
-        """Per-row scores only (dynamic sampling filters rounds on them before annotating)."""
+    def rollout_scores(self, rollout: Rollout, items: Sequence[TaskItem], step: int) -> RowScores:
+        """Per-row scores only (dynamic sampling filters rounds on them before annotating), as
+        the reward stands at training ``step`` (``reward.functions_anneal_steps``)."""
         rows = [items[i] for i in rollout.prompt_index.tolist()]
-        return self.stage.rollout_scores(rollout.batch, list(rollout.texts), rows)
+        weight = self._functions_weight(step)
+        return self.stage.rollout_scores(rollout.batch, list(rollout.texts), rows, weight)
 
     def score(
         self, rollout: Rollout, items: Sequence[TaskItem], scores: RowScores | None = None
@@ -86,13 +88,23 @@ class RewardRole:
         return result
 
     def evaluate(
-        self, completions: Sequence[str], items: Sequence[TaskItem], env: Tensor | None = None
+        self,
+        completions: Sequence[str],
+        items: Sequence[TaskItem],
+        step: int,
+        env: Tensor | None = None,
     ):
-        """Held-out metrics and the per-row scores behind them (each row scored once); ``env``:
-        the rows' environment rewards (a multi-turn evaluation's ``env_reward`` column)."""
+        """Held-out metrics and the per-row scores behind them (each row scored once), the
+        reward as it stands at ``step``; ``env``: the rows' environment rewards (a multi-turn
+        evaluation's ``env_reward`` column)."""
         env_rewards = None if env is None else env.tolist()
-        scores = self.stage.score(list(completions), list(items), env=env_rewards)
+        weight = self._functions_weight(step)
+        scores = self.stage.score(list(completions), list(items), env=env_rewards,
+                                  functions_weight=weight)  # fmt: skip
         return self.stage.metrics_of(scores), scores
+
+    def _functions_weight(self, step: int) -> float:
+        return functions_weight(self.config.reward.functions_anneal_steps, step)
 
 
 def load_role_tokenizer(cfg: PosttrainConfig):

@@ -69,26 +69,40 @@ class RowScores:
     verifier: Tensor
     correct: Tensor  # bool: verifier score == 1
     format_ok: Tensor  # bool
-    functions: dict[str, Tensor]
+    functions: dict[str, Tensor]  # each function's own values, before the weight below
     env: Tensor | None = None  # the environment's reward (multi-turn rollouts only)
+    functions_weight: float = 1.0  # what the functions' sum counted in ``rewards`` with
 
     def select(self, rows: Tensor) -> RowScores:
         """The scores of ``rows`` (an index or bool mask), in order."""
         return RowScores(
             self.rewards[rows], self.verifier[rows], self.correct[rows], self.format_ok[rows],
             {k: v[rows] for k, v in self.functions.items()},
-            None if self.env is None else self.env[rows],
+            None if self.env is None else self.env[rows], self.functions_weight,
         )  # fmt: skip
 
     @staticmethod
     def concat(parts: Sequence[RowScores]) -> RowScores:
-        """The rows of ``parts`` in order."""
+        """The rows of ``parts`` in order (scored with one functions weight: one step's)."""
+        weights = {p.functions_weight for p in parts}
+        if len(weights) != 1:
+            raise ValueError(f"reward stage: rows scored with functions weights {sorted(weights)}")
         cat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
         return RowScores(
             cat("rewards"), cat("verifier"), cat("correct"), cat("format_ok"),
             {k: torch.cat([p.functions[k] for p in parts]) for k in parts[0].functions},
-            None if parts[0].env is None else cat("env"),
+            None if parts[0].env is None else cat("env"), weights.pop(),
         )  # fmt: skip
+
+
+def functions_weight(anneal_steps: int, step: int) -> float:
+    """The weight of the reward functions' sum at ``step`` (``reward.functions_anneal_steps``):
+    1 throughout when ``anneal_steps`` is 0, else ``1 - (step - 1) / anneal_steps`` clamped to
+    [0, 1] (full at step 1 and before it, at step 0's evaluation; none from ``anneal_steps + 1``).
+    A pure function of the step, so a resumed or lagged run scores each step as a straight one."""
+    if anneal_steps == 0:
+        return 1.0
+    return min(1.0, max(0.0, 1.0 - (step - 1) / anneal_steps))
 
 
 @dataclass(frozen=True)
@@ -181,10 +195,13 @@ class RewardStage:
         items: Sequence[TaskItem],
         sample_ids: Sequence[int] | None = None,
         env: Sequence[float] | None = None,
+        functions_weight: float = 1.0,
     ) -> RowScores:
         """Score rows ``i`` = (``completions[i]``, ``items[i]``); no group logic (validation).
 
         ``env``: each row's environment reward (multi-turn rollouts), a term of its total.
+        ``functions_weight``: what the reward functions' sum counts with in the total
+        (:func:`functions_weight`); each function's own values are kept unweighted.
         """
         if len(completions) != len(items):
             raise ValueError(
@@ -213,7 +230,7 @@ class RewardStage:
                     where,
                 )
                 fn_vals[f.spec].append(x)
-                r += x
+                r += functions_weight * x
             if env is not None:
                 x = checked_reward(lambda e=env[i]: e, "the environment's reward", where)
                 env_vals.append(x)
@@ -235,6 +252,7 @@ class RewardStage:
             format_ok=torch.tensor(fmt, dtype=torch.bool),
             functions={k: torch.tensor(v, dtype=f64) for k, v in fn_vals.items()},
             env=None if env is None else torch.tensor(env_vals, dtype=f64),
+            functions_weight=functions_weight,
         )
 
     @staticmethod
@@ -269,7 +287,11 @@ class RewardStage:
         return turn_advantages(rewards, turn, per, batch.group_ids, **kw, input_ids=ids)
 
     def rollout_scores(
-        self, batch: TrajectoryBatch, completions: Sequence[str], items: Sequence[TaskItem]
+        self,
+        batch: TrajectoryBatch,
+        completions: Sequence[str],
+        items: Sequence[TaskItem],
+        functions_weight: float = 1.0,
     ) -> RowScores:
         """Score rollout rows, the overlong punishment included (it needs token lengths)."""
         n = batch.batch_size
@@ -281,7 +303,7 @@ class RewardStage:
         _check_groups_share_items(batch.group_ids, items)
         env = batch.columns.get(ENV_REWARD_COLUMN)
         env = None if env is None else env.tolist()
-        scores = self.score(completions, items, batch.sample_ids.tolist(), env)
+        scores = self.score(completions, items, batch.sample_ids.tolist(), env, functions_weight)
         if not self.overlong_buffer:
             return scores
         return dataclasses.replace(scores, rewards=scores.rewards - self._overlong(batch))
@@ -304,7 +326,8 @@ class RewardStage:
         ``reward/mean``, ``reward/std`` (population std over the batch), ``reward/accuracy``,
         ``reward/verifier_mean``, ``reward/format_frac``, ``reward/response_length_mean``
         (loss tokens before any shared-prefix masking), ``reward/fn/<spec>_mean`` per user
-        function, ``reward/env_mean`` for a multi-turn rollout (the environment's reward), the
+        function (its own values) and ``reward/functions_weight`` (what their sum counted
+        with), ``reward/env_mean`` for a multi-turn rollout (the environment's reward), the
         annotator's stats as ``reward/<name>`` (``zero_variance_group_frac``),
         ``reward/truncated_frac`` when ``truncated`` is given, and
         ``reward/shared_prefix_masked_frac`` (share of loss tokens masked) when masking is on,
@@ -336,6 +359,8 @@ class RewardStage:
             "reward/response_length_mean": _mean(lengths),
         }
         metrics.update({f"reward/fn/{k}_mean": _mean(v) for k, v in scores.functions.items()})
+        if scores.functions:
+            metrics["reward/functions_weight"] = scores.functions_weight
         if scores.env is not None:
             metrics["reward/env_mean"] = _mean(scores.env)
         metrics.update({f"reward/{k}": float(v) for k, v in stats.items()})

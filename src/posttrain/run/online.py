@@ -156,7 +156,7 @@ def collect(config: PosttrainConfig, roles, tokenizer, tasks: TaskSource, cursor
 
     def score(rollout, items: Sequence[TaskItem]):
         t = time.perf_counter()
-        scores = roles.reward.rollout_scores(rollout, items)
+        scores = roles.reward.rollout_scores(rollout, items, step)
         times["time/reward_s"] += time.perf_counter() - t
         return scores
 
@@ -185,7 +185,7 @@ def evaluate(config, roles, tokenizer, items: Sequence[TaskItem], run_dir: Path,
         prompts = encode_prompts(items, config.data, tokenizer)
         rollout = roles.rollout.generate(prompts, n=1, temperature=0.0, seed=0)
     env = rollout.batch.columns.get(ENV_REWARD_COLUMN)  # multi-turn: the environment's reward
-    metrics, scores = roles.reward.evaluate(rollout.texts, items, env)
+    metrics, scores = roles.reward.evaluate(rollout.texts, items, step, env)
     metrics.update(env_metrics(rollout.batch))
     trajectories = trajectory_records(rollout.batch, tokenizer, len(items))  # None: one turn
     path = samples_path or run_dir / "samples" / f"step_{step:06d}.jsonl"
