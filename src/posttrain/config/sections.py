@@ -304,9 +304,9 @@ class RewardConfig(Section):
         description="Fade the reward functions out over the first N steps: at step s their sum "
         "is weighted max(0, 1 - (s - 1) / N) (full at step 1, none from step N + 1 on; the "
         "held-out evaluation at step s uses the same weight). 0 keeps them at full weight. For "
-        "a dense shaping reward that bootstraps learning but keeps paying near misses: once "
-        "exact answers are possible it ranks a near miss above the rest of its group and locks "
-        "it in (docs/guides/seeds.md). Read only with `reward.functions` set.",
+        "a dense shaping reward that bootstraps learning but keeps paying near misses, which "
+        "it ranks above the rest of a group with no exact answer (measured on "
+        "`arithmetic_clipped`: docs/guides/seeds.md). Read only with `reward.functions` set.",
     )
     shared_prefix_mask: bool = Field(
         False,

@@ -7,10 +7,7 @@ measured against the plain ``legacy_pg`` root recipe (which collapses to one con
 - ``rl.kl_beta=0.1`` against the *initial* random model keeps the policy's entropy up, so
   exploration continues after the first answers are found;
 - a small shaping reward for numbers close to the answer (``numeric_closeness``) on top of the
-  exact verifier gives a gradient before the first exact hit, and fades out over the first
-  1,000 steps (``reward.functions_anneal_steps``): kept at full weight, it pays ``11`` and ``9``
-  for ``10`` more than the rest of their group, and the policy locked onto them (every sum of 10
-  wrong, train problems included, on every seed: docs/guides/seeds.md);
+  exact verifier gives a gradient before the first exact hit;
 - 16 samples per prompt, AdamW with beta2 0.99, weight decay 1.0 and a cosine learning-rate
   decay for a stable finish.
 """
@@ -31,7 +28,6 @@ def build_config() -> PosttrainConfig:
     cfg.rollout.n = 16
     cfg.rollout.max_tokens = 3
     cfg.reward.functions = ["posttrain.reward.shaping:numeric_closeness"]
-    cfg.reward.functions_anneal_steps = 1000
 
     cfg.rl.grpo_surrogate = "clipped"
     cfg.rl.temperature = 1.0
