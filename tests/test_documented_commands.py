@@ -81,6 +81,8 @@ SKIPPED = {
     "all); tests/test_seeds_tool.py runs the tool on two seeds x three steps",
     "python benchmarks/heldout_errors.py": "reads the make demo sweep's runs (seeds.md); "
     "tests/test_heldout_errors.py runs the script on two hand-written runs",
+    "python benchmarks/answer_table.py": "reads the make demo sweep's runs (seeds.md); "
+    "tests/test_answer_table.py runs the script on a run directory of a tiny model",
 }
 #: Command prefix -> (why it cannot run here as written, what runs in its place so that the
 #: commands after it have their inputs).
