@@ -188,7 +188,7 @@ def _cli(args, cwd):
     )  # fmt: skip
 
 
-def test_cli_user_errors_are_one_line(tmp_path, tiny_dir):
+def test_cli_user_errors_are_one_line(tmp_path, tiny_dir, capsys):
     base = ["--config", "arithmetic", "--", *quick_opts(tmp_path, tiny_dir)]
     bad_key = _cli([*base, "rl.epsilon_lo=0.1"], tmp_path)
     assert bad_key.returncode == 2
@@ -200,10 +200,14 @@ def test_cli_user_errors_are_one_line(tmp_path, tiny_dir):
     last = raising.stderr.strip().splitlines()[-1]
     assert "Traceback" not in raising.stderr
     assert "raising_reward" in last and "sample" in last
-    no_model = _cli(
-        [*base, f"model.name_or_path={tmp_path / 'nope'}", "model.init_preset=null"], tmp_path
+    from posttrain.entrypoints.cli import main
+
+    # The same entry in this process (the two above are real processes).
+    code = main(
+        ["grpo", *base, f"model.name_or_path={tmp_path / 'nope'}", "model.init_preset=null"]
     )
-    assert no_model.returncode == 2 and "model.init_preset" in no_model.stderr
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "model.init_preset" in err and "\n" not in err, err
 
 
 def test_custom_objective_from_the_command_line(tmp_path, tiny_dir):

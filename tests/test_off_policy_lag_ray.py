@@ -3,13 +3,13 @@ trains, and the run still replays and resumes bit for bit.
 
 Two runs of the arithmetic recipe with the clipped surrogate (so the importance correction is
 read) on Ray: an in-process driver, and a CLI driver killed with SIGKILL after its step-2
-checkpoint, then resumed with ``rl.resume=auto``; dynamic sampling is on, and a KL reference
-resets to the policy every two steps (``rl.reference_reset_every=2``; under a lag ``auto`` keeps
-a resetting reference on the policy actor), so the kill lands right after a reset. Every step of
-the second (steps 1-2 from the killed driver, 3-6 from the resumed one) and its final weights
-equal the first's: the lagged run replays and resumes bit for bit, across resets. A k=0 run (in process: Ray equals
-in-process bit for bit, tests/test_placement_ray.py) shows the lag changes the numbers (so the
-equalities can fail). OPD's teacher under a lag: tests/test_opd_ray.py (beside the k=0 OPD run it
+checkpoint, then resumed in-process with ``rl.resume=auto``; dynamic sampling is on, and a KL
+reference resets to the policy every two steps (``rl.reference_reset_every=2``; under a lag
+``auto`` keeps a resetting reference on the policy actor), so the kill lands right after a
+reset. Every step of the second (steps 1-2 from the killed driver, 3-6 from the resumed one)
+and its final weights equal the first's: the lagged run replays and resumes bit for bit, across
+resets. A k=0 run (in process: Ray equals in-process bit for bit, tests/test_placement_ray.py)
+shows the lag changes the numbers (so the equalities can fail). OPD's teacher under a lag: tests/test_opd_ray.py (beside the k=0 OPD run it
 compares with).
 """
 
@@ -152,10 +152,9 @@ def test_kill_9_then_resume_auto_replays_and_continues_bit_exactly(
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait(timeout=30)
     assert not (ckpts / f"step_{STEPS:08d}" / "COMPLETE").exists(), "killed too late"
-    resumed = subprocess.run([*cmd, *opts, "rl.resume=auto"], cwd=tmp_path, env=env, text=True,
-                             capture_output=True, timeout=300)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming from step" in resumed.stderr
+    # Resumed in this process (a CLI resume with rl.resume=auto: tests/test_fsdp_ray.py).
+    resumed = train([*opts_for(tmp_path, tiny_dir), "rl.resume=auto"])
+    assert resumed["start_step"] == 2
     assert same_params(params(straight), params(tmp_path))
     a = {r["step"]: r for r in rows(straight)}
     b = {r["step"]: r for r in rows(tmp_path)}  # the resumed steps overwrite the killed ones
