@@ -9,8 +9,8 @@ reference resets to the policy every two steps (``rl.reference_reset_every=2``; 
 reset. Every step of the second (steps 1-2 from the killed driver, 3-6 from the resumed one)
 and its final weights equal the first's: the lagged run replays and resumes bit for bit, across
 resets. A k=0 run (in process: Ray equals in-process bit for bit, tests/test_placement_ray.py)
-shows the lag changes the numbers (so the equalities can fail). OPD's teacher under a lag: tests/test_opd_ray.py (beside the k=0 OPD run it
-compares with).
+shows the lag changes the numbers (so the equalities can fail). OPD's teacher under a lag:
+tests/test_opd_ray.py (beside the k=0 OPD run it compares with).
 """
 
 from __future__ import annotations
