@@ -51,10 +51,11 @@ def _transcripts(rollout, tokenizer) -> list[str]:
 def evaluate_policy(roles, config, tokenizer, items) -> tuple[list[dict[str, Any]], dict]:
     """Per-problem rows and the multi-turn metrics: greedy with the tool, then without."""
     tool = multiturn_rollout(roles, items, tokenizer, n=1, temperature=0.0, top_p=1.0, seed=0)
-    _, tool_scores = roles.reward.evaluate(tool.texts, items)
+    # Step 0: the reward as before training (only correctness is read here).
+    _, tool_scores = roles.reward.evaluate(tool.texts, items, 0)
     prompts = encode_prompts(items, config.data, tokenizer)
     plain = roles.rollout.generate(prompts, n=1, temperature=0.0, seed=0)
-    _, plain_scores = roles.reward.evaluate(plain.texts, items)
+    _, plain_scores = roles.reward.evaluate(plain.texts, items, 0)
     cols = tool.batch.columns
     rows = []
     for i, (item, transcript) in enumerate(zip(items, _transcripts(tool, tokenizer), strict=True)):

@@ -74,12 +74,9 @@ class RewardRole:
         weight = self._functions_weight(step)
         return self.stage.rollout_scores(rollout.batch, list(rollout.texts), rows, weight)
 
-    def score(
-        self, rollout: Rollout, items: Sequence[TaskItem], scores: RowScores | None = None
-    ) -> RewardResult:
-        """The annotated batch, its metrics and per-row scores (row ``i`` of the rollout); pass
-        the rows' :meth:`rollout_scores` when already computed, so no reward component runs
-        twice."""
+    def score(self, rollout: Rollout, items: Sequence[TaskItem], scores: RowScores) -> RewardResult:
+        """The annotated batch, its metrics and per-row scores (row ``i`` of the rollout), from
+        the rows' :meth:`rollout_scores` (scored once, as the reward stands at their step)."""
         rows = [items[i] for i in rollout.prompt_index.tolist()]
         result = self.stage(
             rollout.batch, list(rollout.texts), rows, truncated=rollout.truncated, scores=scores
