@@ -1,7 +1,7 @@
 """Ray placement on the local 2-CPU Ray instance the test session shares (tests/conftest.py).
 
-The arithmetic recipe for three steps in-process, on Ray with one policy rank and on Ray with
-two: the same rewards and the same parameters. Builders and reward functions below are at module
+The arithmetic recipe for three steps in-process and on Ray with two policy ranks: the same
+rewards and the same parameters. Builders and reward functions below are at module
 scope so the actors import them by name (this file's directory reaches them through the
 PYTHONPATH the placement hands its workers).
 """
@@ -138,14 +138,11 @@ def test_roles_that_do_not_fit_the_cluster_are_refused_before_any_actor_starts(
 
 @pytest.fixture(scope="module")
 def runs(ray_cluster, tiny_dir, tmp_path_factory):
-    """Three runs of the same recipe and seed: in-process, Ray with 1 policy rank, with 2."""
+    """Two runs of the same recipe and seed: in-process, and on Ray with two policy ranks (one
+    Ray rank against in-process: tests/test_role_specs.py and tests/test_multiturn_ray.py)."""
     root = tmp_path_factory.mktemp("runs")
     out = {}
-    for name, extra in [
-        ("local", {}),
-        ("ray1", RAY),
-        ("ray2", {**RAY, "placement.policy_ranks": 2}),
-    ]:
+    for name, extra in [("local", {}), ("ray2", {**RAY, "placement.policy_ranks": 2})]:
         rec = root / f"rec_{name}"
         rec.mkdir()
         builder = functools.partial(recording_builder, str(rec))
@@ -154,42 +151,33 @@ def runs(ray_cluster, tiny_dir, tmp_path_factory):
     return out
 
 
-def test_ray_equals_local_exactly(runs, tiny_dir):
-    local, ray1 = runs["local"][0], runs["ray1"][0]
-    a, b = rows_of(local), rows_of(ray1)
-    assert [r["step"] for r in a] == list(range(STEPS + 1))  # step 0: the initial evaluation
-    # The rewards vary within groups, so every step moves the weights.
-    assert all(r["train/reward_std"] > 0 for r in a[1:])
-    assert run_numbers(a) == run_numbers(b)  # rewards, losses, grad norms: bit-identical
-    initial = load_file(str(tiny_dir / "model.safetensors"))
-    pa, pb = final_params(local), final_params(ray1)
-    assert pa.keys() == pb.keys()
-    for k in pa:
-        assert torch.equal(pa[k], pb[k]), k
-    assert max(float((pa[k] - initial[k]).abs().max()) for k in pa) > 1e-3
-
-
-def test_two_policy_ranks_make_the_single_rank_update(runs):
+def test_two_ray_policy_ranks_make_the_local_run_exactly(runs, tiny_dir):
     """Bit-identical here by construction: each step has two mini-batches of 8 rows; one rank
     cuts each into two micro-batches of 4, two ranks take 4 rows of each. Either way the step's
     gradient is the sum of the same two 4-row partial gradients, and a sum of two floats does
     not depend on its order. (With more terms the sums would agree only to float rounding.) A
     dispatcher that gave rank 0 the first half of the batch would put other rows together and
     fail this test."""
-    one, two = runs["local"][0], runs["ray2"][0]
-    a, b = rows_of(one), rows_of(two)
-    assert run_numbers(a) == run_numbers(b)
+    local, ray2 = runs["local"][0], runs["ray2"][0]
+    a, b = rows_of(local), rows_of(ray2)
+    assert [r["step"] for r in a] == list(range(STEPS + 1))  # step 0: the initial evaluation
+    # The rewards vary within groups, so every step moves the weights.
+    assert all(r["train/reward_std"] > 0 for r in a[1:])
     assert all(r["train/objective_weight"] > 0 for r in a[1:])
-    pa, pb = final_params(one), final_params(two)
+    assert run_numbers(a) == run_numbers(b)  # rewards, losses, grad norms: bit-identical
+    initial = load_file(str(tiny_dir / "model.safetensors"))
+    pa, pb = final_params(local), final_params(ray2)
+    assert pa.keys() == pb.keys()
     for k in pa:
         assert torch.equal(pa[k], pb[k]), k
+    assert max(float((pa[k] - initial[k]).abs().max()) for k in pa) > 1e-3
 
 
 def test_workers_see_the_overrides_and_one_torch_thread(runs):
-    (_, local_rec), (_, one), (_, two) = runs["local"], runs["ray1"], runs["ray2"]
+    (_, local_rec), (_, two) = runs["local"], runs["ray2"]
     assert [r["pid"] for r in local_rec] == [os.getpid()]
-    assert len(one) == 1 and sorted((r["rank"], r["world"]) for r in two) == [(0, 2), (1, 2)]
-    for row in one + two:
+    assert sorted((r["rank"], r["world"]) for r in two) == [(0, 2), (1, 2)]
+    for row in two:
         assert row["pid"] != os.getpid()  # built inside an actor process
         assert row["lr"] == 0.01  # the command-line override, not the recipe's 1e-3
         assert row["threads"] == 1

@@ -197,7 +197,7 @@ def _opts(root: Path, model: Path, **extra) -> list[str]:
     return [f"{k}={v}" for k, v in opts.items()]
 
 
-def _run(tmp: Path, model: Path, specs, **extra) -> list[dict]:
+def _run(tmp: Path, model: Path, specs, **extra) -> tuple[list[dict], list[int], Path]:
     record = tmp / "record"
     record.mkdir(parents=True, exist_ok=True)
     opts = _opts(tmp / "out", model, **extra)
@@ -209,7 +209,8 @@ def _run(tmp: Path, model: Path, specs, **extra) -> list[dict]:
     summary = online.run(session, default_out_dir(config), builder, role_specs=specs)
     rows = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
     seen = [int(n) for p in record.glob("*.txt") for n in p.read_text().split()]
-    return [json.loads(r) for r in rows], seen
+    final = Path(summary["run_dir"]) / "checkpoints" / f"step_{STEPS:08d}" / "model"
+    return [json.loads(r) for r in rows], seen, final / "model.safetensors"
 
 
 def test_local_placement_builds_declared_roles_in_order_on_their_devices(tmp_path, tiny_dir):
@@ -221,16 +222,16 @@ def test_local_placement_builds_declared_roles_in_order_on_their_devices(tmp_pat
 
 
 @pytest.fixture(scope="module")
-def with_length(tiny_dir, tmp_path_factory) -> tuple[list[dict], list[int]]:
-    """A local run with the length role: its rows and the row counts the role saw."""
+def with_length(tiny_dir, tmp_path_factory) -> tuple[list[dict], list[int], Path]:
+    """A local run with the length role: its rows, the row counts the role saw, its weights."""
     return _run(tmp_path_factory.mktemp("with"), tiny_dir, (LENGTH,))
 
 
 def test_the_length_role_reaches_the_policy_and_changes_no_number(tmp_path, tiny_dir, with_length):
-    rows, seen = with_length
+    rows, seen, _ = with_length
     assert all("time/length_s" in r for r in rows[1:])
     assert sum(seen) == STEPS * 4  # every row of every step's batch, as micro-batches
-    plain, _ = _run(tmp_path / "without", tiny_dir, ())
+    plain, _, _ = _run(tmp_path / "without", tiny_dir, ())
     assert run_numbers(rows) == run_numbers(plain)  # a column nobody reads leaves the math alone
 
 
@@ -249,8 +250,13 @@ def test_the_length_role_under_ray_gives_the_local_numbers(
         config = load_config("arithmetic", ["--", *opts])
         with pytest.raises(ConfigError, match=message):
             place_ray(config, "arithmetic", opts, build_objective, "run", (LENGTH, scorer))
-    remote, seen = _run(tmp_path / "ray", tiny_dir, (LENGTH,), **{
+    remote, seen, remote_weights = _run(tmp_path / "ray", tiny_dir, (LENGTH,), **{
         "placement.backend": "ray", "placement.cpus_per_role": 0.5})  # fmt: skip
-    local, _ = with_length
+    local, _, local_weights = with_length
     assert sum(seen) == STEPS * 4 and all("time/length_s" in r for r in remote[1:])
     assert run_numbers(remote) == run_numbers(local)
+    # One Ray policy rank makes the in-process run's weights bit for bit.
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(remote_weights)), load_file(str(local_weights))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
