@@ -25,9 +25,12 @@ from posttrain.entrypoints.rft import place_sampler
 from posttrain.model.loading import load_tokenizer
 from posttrain.run.online import evaluate
 
+Row = tuple[str, str, str, bool, bool]  # prompt, given, right answer, held out, verifier's verdict
 
-def answers(run: Path, model: str, scratch: Path) -> list[tuple[str, str, str, bool]]:
-    """``(prompt, given, right, held_out)`` for every problem of ``run``'s split."""
+
+def answers(run: Path, model: str, scratch: Path) -> list[Row]:
+    """``(prompt, given, right, held_out, correct)`` for every problem of ``run``'s split, the
+    verdict the run's verifier gives (as ``val/accuracy`` counts it)."""
     config = load_config(run / "config.yaml", ["--", f"model.name_or_path={run / model}"])
     source = build_tasks(config)
     train = [source.item_at(0, i) for i in range(len(source))]
@@ -40,30 +43,39 @@ def answers(run: Path, model: str, scratch: Path) -> list[tuple[str, str, str, b
         evaluate(config, sampler, tokenizer, items, scratch, 0, path)
         given = [line for line in path.read_text().splitlines() if line.strip()]
         for item, row in zip(items, map(json.loads, given), strict=True):
-            rows.append((item.prompt, row["completion"].strip(), item.answer.strip(), is_held))
+            rows.append((item.prompt, row["completion"].strip(), item.answer.strip(), is_held,
+                         bool(row["correct"])))  # fmt: skip
     return rows
 
 
-def table(rows: list[tuple[str, str, str, bool]]) -> list[str]:
+def table(rows: list[Row]) -> list[str]:
     """The report lines of one run."""
-    wrong = [r for r in rows if r[1] != r[2]]
+    wrong = [r for r in rows if not r[4]]
     lines = [
         f"  wrong: {sum(not r[3] for r in wrong)}/{sum(not r[3] for r in rows)} train, "
         f"{sum(r[3] for r in wrong)}/{sum(r[3] for r in rows)} held-out",
-        "  " + (", ".join(f"{'*' if h else ''}{p}{g or '(empty)'} ({a})" for p, g, a, h in wrong)
+        "  " + (", ".join(f"{'*' if h else ''}{p}{g or '(empty)'} ({a})" for p, g, a, h, _ in wrong)
                 or "-"),
     ]  # fmt: skip
     by_answer: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-    for _, given, right, held in rows:
+    for _, _, right, held, correct in rows:
         count = by_answer[right]
         count[2 * held + 1] += 1
-        count[2 * held] += given != right
-    missed = sorted((a for a, c in by_answer.items() if c[0] or c[2]), key=int)
+        count[2 * held] += not correct
+    missed = sorted((a for a, c in by_answer.items() if c[0] or c[2]), key=_numbers_first)
     lines.append("  answer  wrong/train  wrong/held-out")
     for a in missed:
         c = by_answer[a]
         lines.append(f"  {a:>6}  {c[0]:>5}/{c[1]:<5}  {c[2]:>6}/{c[3]}")
     return lines
+
+
+def _numbers_first(answer: str) -> tuple[bool, float, str]:
+    """Integer answers in numeric order, then any others by their text."""
+    try:
+        return False, int(answer), answer
+    except ValueError:
+        return True, 0, answer
 
 
 def main(argv: list[str] | None = None) -> int:

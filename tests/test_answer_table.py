@@ -15,8 +15,9 @@ from posttrain.model.tiny import build_tiny_model  # noqa: E402
 
 
 def test_misses_are_grouped_by_answer_train_and_held_out_apart():
-    rows = [("1+9=", "11", "10", False), ("2+8=", "10", "10", False),
-            ("5+5=", "9", "10", True), ("0+0=", "", "0", True), ("3+4=", "7", "7", False)]  # fmt: skip
+    rows = [("1+9=", "11", "10", False, False), ("2+8=", "10", "10", False, True),
+            ("5+5=", "9", "10", True, False), ("0+0=", "", "0", True, False),
+            ("3+4=", "7\n5", "7", False, True)]  # the verifier reads the first line  # fmt: skip
     assert answer_table.table(rows) == [
         "  wrong: 1/3 train, 2/2 held-out",
         "  1+9=11 (10), *5+5=9 (10), *0+0=(empty) (0)",

@@ -83,7 +83,7 @@ def test_run_writes_metrics_samples_config_and_checkpoints(tmp_path, tiny_dir):
     assert (run_dir / "checkpoints" / "step_00000004").is_dir()
 
 
-def half_plus_digits(prompt, completion, answer, meta) -> float:
+def half_plus_digits(prompt: str, completion: str, answer: str, meta: dict) -> float:
     """A shaping reward that is never 0 and varies with the completion."""
     return 0.5 + 0.5 * sum(c.isdigit() for c in completion)
 

@@ -2,14 +2,16 @@
 trains, and the run still replays and resumes bit for bit.
 
 Two runs of the arithmetic recipe with the clipped surrogate (so the importance correction is
-read) on Ray: an in-process driver, and a CLI driver killed with SIGKILL after its step-2
-checkpoint, then resumed in-process with ``rl.resume=auto``; dynamic sampling is on, and a KL
-reference resets to the policy every two steps (``rl.reference_reset_every=2``; under a lag
-``auto`` keeps a resetting reference on the policy actor), so the kill lands right after a
-reset. Every step of the second (steps 1-2 from the killed driver, 3-6 from the resumed one)
-and its final weights equal the first's: the lagged run replays and resumes bit for bit, across
-resets. A k=0 run (in process: Ray equals in-process bit for bit, tests/test_placement_ray.py)
-shows the lag changes the numbers (so the equalities can fail). OPD's teacher under a lag:
+read) on Ray: an in-process driver, and a CLI driver killed with SIGKILL after its step-3
+checkpoint, then resumed in-process with ``rl.resume=auto``. Dynamic sampling is on, the reward
+function fades out over four steps (``reward.functions_anneal_steps``), and a KL reference
+resets to the policy every two steps (``rl.reference_reset_every=2``; under a lag ``auto`` keeps
+a resetting reference on the policy actor). The step-3 checkpoint holds the reference of the
+step-2 reset, no longer the policy, so the resume must restore it, not rebuild it. Every step
+of the second run (1-3 from the killed driver, 4-6 from the resumed one) and its final weights
+equal the first's: the lagged run replays and resumes bit for bit, across resets and the fade.
+A k=0 run (in process: Ray equals in-process bit for bit, tests/test_placement_ray.py) shows the
+lag changes the numbers (so the equalities can fail). OPD's teacher under a lag:
 tests/test_opd_ray.py (beside the k=0 OPD run it compares with).
 """
 
@@ -59,10 +61,11 @@ def opts_for(root: Path, model: Path, **extra) -> list[str]:
         "data.train_size": 60, "data.val_size": 4, "data.prompts_per_step": 4, "rollout.n": 4,
         "rollout.max_tokens": 3, "reward.functions": "[test_off_policy_lag_ray:slow_digit_reward]",
         "rl.grpo_surrogate": "clipped", "rl.lr": 0.01, "rl.max_steps": STEPS,
-        "rl.save_every": 2, "rl.eval_every": 3, "rl.micro_batch_size": 4,
+        "rl.save_every": 3, "rl.eval_every": 3, "rl.micro_batch_size": 4,
         "logging.progress": False, "placement.backend": "ray", "placement.cpus_per_role": 0.5,
         "rl.off_policy_lag": 1, "checkpoint.keep_last": 5, "rl.dynamic_sampling": True,
         "rl.max_sampling_rounds": 2, "rl.kl_beta": 0.1, "rl.reference_reset_every": 2,
+        "reward.functions_anneal_steps": 4,
     }  # fmt: skip
     opts.update(extra)
     if opts["placement.backend"] == "local":  # the Ray knobs are refused there
@@ -116,10 +119,13 @@ def test_the_rollout_samples_one_step_behind_with_the_correction_on(straight):
     assert all(r["train/rollout/logprob_abs_diff"] > 0 for r in a[2:])
     assert all(0 < r["train/rollout/is_weight_max"] <= 2.0 for r in a[1:])
     assert all(0 <= r["train/rollout/is_truncated_frac"] < 1 for r in a[1:])
-    # In flight: the checkpoint after step 2 holds step 3's batch, sampled with step 1's weights.
-    ckpt = run_dir(straight) / "checkpoints" / "step_00000002" / "data_state.pt"
+    # The reward function fades out over 4 steps, each step scored with its own weight.
+    weights = [r["train/reward_functions_weight"] for r in a[1:]]
+    assert weights == pytest.approx([1, 0.75, 0.5, 0.25, 0, 0], abs=1e-15)
+    # In flight: the checkpoint after step 3 holds step 4's batch, sampled with step 2's weights.
+    ckpt = run_dir(straight) / "checkpoints" / "step_00000003" / "data_state.pt"
     state = torch.load(ckpt, weights_only=True)
-    assert [c["step"] for c in state["in_flight"]] == [3] and state["in_flight"][0]["version"] == 1
+    assert [c["step"] for c in state["in_flight"]] == [4] and state["in_flight"][0]["version"] == 2
 
 
 def test_the_lag_changes_the_run_from_step_2_on(straight, tiny_dir, tmp_path):
@@ -145,19 +151,19 @@ def test_kill_9_then_resume_auto_replays_and_continues_bit_exactly(
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     ckpts = run_dir(tmp_path) / "checkpoints"
     deadline = time.monotonic() + 180
-    while not (ckpts / "step_00000002" / "COMPLETE").exists():
+    while not (ckpts / "step_00000003" / "COMPLETE").exists():
         assert driver.poll() is None, driver.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the run never reached its step-2 checkpoint"
+        assert time.monotonic() < deadline, "the run never reached its step-3 checkpoint"
         time.sleep(0.02)
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait(timeout=30)
     assert not (ckpts / f"step_{STEPS:08d}" / "COMPLETE").exists(), "killed too late"
     # Resumed in this process (a CLI resume with rl.resume=auto: tests/test_fsdp_ray.py).
     resumed = train([*opts_for(tmp_path, tiny_dir), "rl.resume=auto"])
-    assert resumed["start_step"] == 2
+    assert resumed["start_step"] == 3 and Path(resumed["run_dir"]) == run_dir(tmp_path)
     assert same_params(params(straight), params(tmp_path))
     a = {r["step"]: r for r in rows(straight)}
     b = {r["step"]: r for r in rows(tmp_path)}  # the resumed steps overwrite the killed ones
-    # Steps 0-2 replay the in-process run in the killed driver, 3-6 continue it after the kill.
+    # Steps 0-3 replay the in-process run in the killed driver, 4-6 continue it after the kill.
     assert sorted(a) == sorted(b) == list(range(STEPS + 1))
     assert all(a[s] == b[s] for s in range(STEPS + 1))

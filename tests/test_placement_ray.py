@@ -32,7 +32,6 @@ from posttrain.model.tiny import build_tiny_model  # noqa: E402
 from posttrain.placement.ray import place_ray  # noqa: E402
 from posttrain.testing import run_numbers  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS = 3
 RAY = {"placement.backend": "ray", "placement.cpus_per_role": 0.5}
 
@@ -181,21 +180,6 @@ def test_workers_see_the_overrides_and_one_torch_thread(runs):
         assert row["pid"] != os.getpid()  # built inside an actor process
         assert row["lr"] == 0.01  # the command-line override, not the recipe's 1e-3
         assert row["threads"] == 1
-
-
-def policy_host_pids(cwd: Path) -> list[int]:
-    """Processes hosting a policy rank of the run started in ``cwd`` (Ray titles them
-    ``ray::PolicyHost...``; the host moves into the driver's working directory)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            title = (proc / "cmdline").read_bytes()
-            here = Path(os.readlink(proc / "cwd"))
-        except OSError:
-            continue
-        if proc.name.isdigit() and title.startswith(b"ray::PolicyHost") and here == cwd:
-            pids.append(int(proc.name))
-    return pids
 
 
 def test_role_errors_are_translated():

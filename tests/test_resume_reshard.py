@@ -1,7 +1,8 @@
-"""Resume across placements through the CLI (issue 33): the rank count, the sharding and the
-backend are where a run's steps execute, not what it is, so one run directory is continued a
-step at a time on 2 FSDP Ray ranks, 1, one local process and 2 replicated Ray ranks (each
-command resumes and trains its step once: sharded 2 -> 1 -> unsharded -> replicated); a replicated
+"""Resume across placements (issue 33): the rank count, the sharding and the backend are where
+a run's steps execute, not what it is, so one run directory is continued a step at a time on 2
+FSDP Ray ranks, 1, one local process and 2 replicated Ray ranks (each command resumes and trains
+its step once: sharded 2 -> 1 -> unsharded -> replicated; the second and the last through the
+command line, the other two in this process); a replicated
 checkpoint into sharded ranks, the one combination the checkpoint formats cannot load, is
 refused in one line naming the fix, and nothing in the run directory changes.
 
@@ -26,7 +27,6 @@ import torch
 pytest.importorskip("ray")
 
 from safetensors.torch import load_file  # noqa: E402
-from test_placement_ray import policy_host_pids  # noqa: E402
 
 from posttrain.entrypoints.cli import EXIT_RUN_ERROR  # noqa: E402
 from posttrain.model.tiny import build_tiny_model  # noqa: E402
@@ -49,7 +49,7 @@ def tiny(tmp_path_factory):
     return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
 
 
-def command(cwd: Path, tiny: Path, ray: str, steps: int, placement: dict, ranks: int):
+def overrides(cwd: Path, tiny: Path, ray: str, steps: int, placement: dict, ranks: int):
     opts = {
         "job.name": "reshard", "job.output_root": str(cwd), "model.name_or_path": str(tiny),
         "data.train_size": 60, "data.val_size": 4, "data.prompts_per_step": 4, "rollout.n": 4,
@@ -62,14 +62,44 @@ def command(cwd: Path, tiny: Path, ray: str, steps: int, placement: dict, ranks:
     if placement["placement.backend"] == "ray":
         opts |= {"placement.cpus_per_role": 0.5, "placement.ray_address": ray,
                  "placement.policy_ranks": ranks}  # fmt: skip
+    return [f"{k}={v}" for k, v in opts.items()]
+
+
+def command(cwd: Path, tiny: Path, ray: str, steps: int, placement: dict, ranks: int):
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO / 'tests'}"}
     cmd = [sys.executable, "-m", "posttrain.entrypoints.grpo", "--config", "arithmetic", "--"]
-    return [*cmd, *(f"{k}={v}" for k, v in opts.items())], env
+    return [*cmd, *overrides(cwd, tiny, ray, steps, placement, ranks)], env
+
+
+def here(cwd: Path, tiny: Path, ray: str, steps: int, placement: dict, ranks: int) -> dict:
+    """The same command run in this process (it joins the session's Ray instance)."""
+    from posttrain.config import load_config
+    from posttrain.config.build import build_objective
+    from posttrain.entrypoints import grpo as entry
+
+    opts = overrides(cwd, tiny, ray, steps, placement, ranks)
+    config = load_config("arithmetic", ["--", *opts])
+    return entry.run(config, "arithmetic", opts, entry.default_out_dir(config), build_objective)
 
 
 def grpo(cwd: Path, tiny: Path, ray: str, steps: int, placement: dict, ranks: int):
     cmd, env = command(cwd, tiny, ray, steps, placement, ranks)
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def policy_host_pids(cwd: Path) -> list[int]:
+    """Processes hosting a policy rank of the run started in ``cwd`` (Ray titles them
+    ``ray::PolicyHost...``; the host moves into the driver's working directory)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            title = (proc / "cmdline").read_bytes()
+            here = Path(os.readlink(proc / "cwd"))
+        except OSError:
+            continue
+        if proc.name.isdigit() and title.startswith(b"ray::PolicyHost") and here == cwd:
+            pids.append(int(proc.name))
+    return pids
 
 
 #: The last command's step limit: it is stopped by the kill, never by the limit.
@@ -100,11 +130,12 @@ def killed_mid_run(cwd: Path, tiny: Path, ray: str, step: int, placement: dict, 
 @pytest.fixture(scope="module")
 def resumed(ray_cluster, tiny, tmp_path_factory):
     cwd = tmp_path_factory.mktemp("reshard")
-    runs = []
-    for k, (placement, ranks) in enumerate(PLACEMENTS[:-1]):
-        run = grpo(cwd, tiny, ray_cluster, k + 2, placement, ranks)
-        assert run.returncode == 0, f"command {k} ({placement}, {ranks}):\n{run.stderr[-4000:]}"
-        runs.append(run)
+    # The first and the third command run in this process: what the command line adds (the
+    # report, a Ray-forwarded warning) is checked on the second and the last.
+    runs = [here(cwd, tiny, ray_cluster, 2, *PLACEMENTS[0])]
+    cli = grpo(cwd, tiny, ray_cluster, 3, *PLACEMENTS[1])
+    assert cli.returncode == 0, f"command 1 {PLACEMENTS[1]}:\n{cli.stderr[-4000:]}"
+    runs += [cli, here(cwd, tiny, ray_cluster, 4, *PLACEMENTS[2])]
     killed = killed_mid_run(cwd, tiny, ray_cluster, len(PLACEMENTS) + 1, *PLACEMENTS[-1])
     return cwd, tiny, runs, killed
 
@@ -115,10 +146,11 @@ def last_complete(cwd: Path) -> Path:
 
 
 def test_each_placement_resumes_the_last_and_trains_its_step_once(resumed):
-    cwd, _, runs, (killed, _) = resumed
-    for k, run in enumerate(runs[1:], 1):
-        assert f"resuming from step {k + 1}" in run.stderr, run.stderr[-3000:]
-        assert "trained 1 steps" in run.stdout, run.stdout
+    cwd, _, (first, cli, local), (killed, _) = resumed
+    assert first["start_step"] == 0 and first["steps"] == 2
+    assert "resuming from step 2" in cli.stderr, cli.stderr[-3000:]
+    assert "trained 1 steps" in cli.stdout, cli.stdout
+    assert local["start_step"] == 3 and local["steps"] == 4
     assert f"resuming from step {len(PLACEMENTS)}" in killed, killed[-3000:]
     rows = [json.loads(x) for x in (cwd / RUN / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows]

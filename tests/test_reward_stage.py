@@ -12,7 +12,8 @@ from posttrain.algorithm.annotators.advantage import shared_prefix_mask
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.reward import RewardError, RewardStage
-from posttrain.reward.stage import RowScores, functions_weight
+from posttrain.reward.functions import functions_weight
+from posttrain.reward.stage import RowScores
 
 USER_MODULE = textwrap.dedent(
     """

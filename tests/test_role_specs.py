@@ -187,8 +187,14 @@ def tiny_dir(tmp_path_factory):
     return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
 
 
+def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
+    """Varies across an untrained model's samples, so every step moves the weights."""
+    return float(sum(c.isdigit() for c in completion))
+
+
 def _opts(root: Path, model: Path, **extra) -> list[str]:
     opts = {
+        "reward.functions": "[test_role_specs:digit_reward]",
         "job.output_root": str(root), "model.name_or_path": str(model), "data.train_size": 40,
         "data.val_size": 4, "data.prompts_per_step": 2, "rollout.n": 2, "rollout.max_tokens": 3,
         "rl.max_steps": STEPS, "rl.save_every": STEPS, "rl.eval_every": 0,
@@ -255,8 +261,11 @@ def test_the_length_role_under_ray_gives_the_local_numbers(
     local, _, local_weights = with_length
     assert sum(seen) == STEPS * 4 and all("time/length_s" in r for r in remote[1:])
     assert run_numbers(remote) == run_numbers(local)
-    # One Ray policy rank makes the in-process run's weights bit for bit.
+    # One Ray policy rank makes the in-process run's weights bit for bit, weights that moved.
     from safetensors.torch import load_file
 
+    assert all(r["train/reward_std"] > 0 for r in local[1:])
     a, b = load_file(str(remote_weights)), load_file(str(local_weights))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    initial = load_file(str(tiny_dir / "model.safetensors"))
+    assert max(float((a[k] - initial[k]).abs().max()) for k in a) > 1e-3

@@ -302,8 +302,9 @@ class RewardConfig(Section):
         0,
         ge=0,
         description="Fade the reward functions out over the first N steps: at step s their sum "
-        "is weighted max(0, 1 - (s - 1) / N) (full at step 1, none from step N + 1 on; the "
-        "held-out evaluation at step s uses the same weight). 0 keeps them at full weight. For "
+        "is weighted 1 - (s - 1) / N clamped to [0, 1] (full at step 1 and at step 0's "
+        "evaluation, none from step N + 1 on; the held-out evaluation at step s uses the same "
+        "weight). 0 keeps them at full weight. For "
         "a dense shaping reward that bootstraps learning but keeps paying near misses, which "
         "it ranks above the rest of a group with no exact answer (measured on "
         "`arithmetic_clipped`: docs/guides/seeds.md). Read only with `reward.functions` set.",

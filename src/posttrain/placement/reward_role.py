@@ -15,7 +15,8 @@ from posttrain.data.tasks import TaskItem
 from posttrain.env.episode import Episode, TurnRequest
 from posttrain.env.host import EpisodeHost
 from posttrain.reward import RewardStage
-from posttrain.reward.stage import RewardResult, RowScores, functions_weight
+from posttrain.reward.functions import functions_weight
+from posttrain.reward.stage import RewardResult, RowScores
 from posttrain.rollout.base import Rollout
 from posttrain.rollout.multiturn import env_metrics
 

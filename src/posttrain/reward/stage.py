@@ -95,16 +95,6 @@ class RowScores:
         )  # fmt: skip
 
 
-def functions_weight(anneal_steps: int, step: int) -> float:
-    """The weight of the reward functions' sum at ``step`` (``reward.functions_anneal_steps``):
-    1 throughout when ``anneal_steps`` is 0, else ``1 - (step - 1) / anneal_steps`` clamped to
-    [0, 1] (full at step 1 and before it, at step 0's evaluation; none from ``anneal_steps + 1``).
-    A pure function of the step, so a resumed or lagged run scores each step as a straight one."""
-    if anneal_steps == 0:
-        return 1.0
-    return min(1.0, max(0.0, 1.0 - (step - 1) / anneal_steps))
-
-
 @dataclass(frozen=True)
 class RewardResult:
     """The annotated batch (``rewards``, ``advantages``, maybe narrowed mask) and metrics."""
