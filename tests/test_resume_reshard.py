@@ -27,6 +27,7 @@ import torch
 pytest.importorskip("ray")
 
 from safetensors.torch import load_file  # noqa: E402
+from test_fsdp_ray import policy_host_pids  # noqa: E402
 
 from posttrain.entrypoints.cli import EXIT_RUN_ERROR  # noqa: E402
 from posttrain.model.tiny import build_tiny_model  # noqa: E402
@@ -85,21 +86,6 @@ def here(cwd: Path, tiny: Path, ray: str, steps: int, placement: dict, ranks: in
 def grpo(cwd: Path, tiny: Path, ray: str, steps: int, placement: dict, ranks: int):
     cmd, env = command(cwd, tiny, ray, steps, placement, ranks)
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-
-
-def policy_host_pids(cwd: Path) -> list[int]:
-    """Processes hosting a policy rank of the run started in ``cwd`` (Ray titles them
-    ``ray::PolicyHost...``; the host moves into the driver's working directory)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            title = (proc / "cmdline").read_bytes()
-            here = Path(os.readlink(proc / "cwd"))
-        except OSError:
-            continue
-        if proc.name.isdigit() and title.startswith(b"ray::PolicyHost") and here == cwd:
-            pids.append(int(proc.name))
-    return pids
 
 
 #: The last command's step limit: it is stopped by the kill, never by the limit.
