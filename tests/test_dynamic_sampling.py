@@ -9,7 +9,7 @@ from posttrain.data.logprobs import response_logprobs
 from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.reward.dynamic_sampling import informative, sample_step
-from posttrain.reward.stage import RowScores
+from posttrain.reward.scores import RowScores
 from posttrain.rollout.base import Rollout
 from posttrain.rollout.concat import concat_rollouts, keep_groups
 

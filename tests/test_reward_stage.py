@@ -13,7 +13,7 @@ from posttrain.data.tasks import TaskItem
 from posttrain.data.trajectory import TrajectoryBatch
 from posttrain.reward import RewardError, RewardStage
 from posttrain.reward.functions import functions_weight
-from posttrain.reward.stage import RowScores
+from posttrain.reward.scores import RowScores
 
 USER_MODULE = textwrap.dedent(
     """

@@ -16,7 +16,8 @@ from posttrain.env.episode import Episode, TurnRequest
 from posttrain.env.host import EpisodeHost
 from posttrain.reward import RewardStage
 from posttrain.reward.functions import functions_weight
-from posttrain.reward.stage import RewardResult, RowScores
+from posttrain.reward.scores import RowScores
+from posttrain.reward.stage import RewardResult
 from posttrain.rollout.base import Rollout
 from posttrain.rollout.multiturn import env_metrics
 

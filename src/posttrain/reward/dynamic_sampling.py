@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.data.tasks import TaskItem
-from posttrain.reward.stage import RowScores
+from posttrain.reward.scores import RowScores
 from posttrain.rollout.base import Rollout
 from posttrain.rollout.concat import concat_rollouts, keep_groups
 
