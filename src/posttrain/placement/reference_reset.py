@@ -150,22 +150,18 @@ class ReferenceReset:
         self.resets += 1
 
     # -- state (in trainer.pt, or DCP for a sharded trainer) -----------------------------------
-    def _weights(self) -> dict[str, Tensor]:
-        if isinstance(self.reference, ResettableAdapterReference):
-            return dict(self.reference.frozen or {})
-        return dict(self.reference.state_dict())
-
     def dcp_tensors(self) -> dict[str, Tensor]:
-        """The reference's weights where a checkpoint keeps them in DCP (a sharded trainer's,
-        or one loaded from it): the same tensors whatever the reset count, so a load asks for
-        what any save wrote, and DCP fills them in place (``trainer/dcp.py``)."""
+        """The reference's weights (LoRA: the frozen adapters), where a checkpoint keeps them in
+        DCP (a sharded trainer's, or one loaded from it), else in ``trainer.pt``: the same
+        tensors whatever the reset count, so a load asks for what any save wrote, and DCP fills
+        them in place (``trainer/dcp.py``)."""
         if isinstance(self.reference, ResettableAdapterReference):
             return dict(self.reference.storage())
         return dict(self.reference.state_dict())
 
     def state_dict(self) -> dict[str, Any]:
         sharded = sh.is_sharded(self.policy)  # then the weights are in the DCP shards
-        weights = self._weights() if self.resets and not sharded else {}
+        weights = self.dcp_tensors() if self.resets and not sharded else {}
         return {
             "step": self.step,
             "resets": self.resets,
