@@ -7,7 +7,13 @@ measured against the plain ``legacy_pg`` root recipe (which collapses to one con
 - ``rl.kl_beta=0.1`` against the *initial* random model keeps the policy's entropy up, so
   exploration continues after the first answers are found;
 - a small shaping reward for numbers close to the answer (``numeric_closeness``) on top of the
-  exact verifier gives a gradient before the first exact hit;
+  exact verifier gives a gradient before the first exact hit, and fades out over the first 1,000
+  steps (``reward.functions_anneal_steps``): kept on, it ranks near misses above the rest of a
+  group with no right answer, and the group's std turns that small difference into a full-size
+  advantage, so every seed locked in ``11`` and ``9`` for the sums of 10 and never answered them;
+- 32 prompts per step (512 samples): with the fade alone, the exact-only phase drifted on some
+  seeds (one missed 0.9); with the larger batch 3,000 steps reached 0.9 on every seed measured
+  (docs/guides/seeds.md);
 - 16 samples per prompt, AdamW with beta2 0.99, weight decay 1.0 and a cosine learning-rate
   decay for a stable finish.
 """
@@ -24,10 +30,11 @@ def build_config() -> PosttrainConfig:
     cfg.model.name_or_path = "outputs/models/arith-init"
     cfg.model.init_preset = "arith"
 
-    cfg.data.prompts_per_step = 16
+    cfg.data.prompts_per_step = 32
     cfg.rollout.n = 16
     cfg.rollout.max_tokens = 3
     cfg.reward.functions = ["posttrain.reward.shaping:numeric_closeness"]
+    cfg.reward.functions_anneal_steps = 1000
 
     cfg.rl.grpo_surrogate = "clipped"
     cfg.rl.temperature = 1.0

@@ -32,6 +32,7 @@ def build_config() -> PosttrainConfig:
     cfg.job.algorithm = "opd"
     cfg.teacher.name_or_path = TEACHER_CHECKPOINT
     cfg.reward.functions = []
+    cfg.reward.functions_anneal_steps = 0
 
     cfg.rl.distillation_mode = "direct"
     cfg.rl.kl_beta = 0.0

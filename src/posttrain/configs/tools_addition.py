@@ -60,6 +60,7 @@ def build_config() -> PosttrainConfig:
     # (" 579" or "1035", then <eos>); a little more leaves room to explore without being cut
     cfg.rollout.max_tokens = 8
     cfg.reward.functions = []  # the environment shapes the call and the answer
+    cfg.reward.functions_anneal_steps = 0  # nothing to fade
 
     cfg.env.name = ENVIRONMENT
     cfg.env.max_turns = 2
