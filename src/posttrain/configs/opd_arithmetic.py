@@ -4,8 +4,8 @@ Teacher: the final checkpoint of ``arithmetic_clipped`` (``make demo`` trains it
 trains it first when it is missing). Student: the same freshly initialised ``arith`` model that
 GRPO starts from (same directory, same seed), so the two runs differ only in the training signal.
 Data, sampling and optimiser follow ``arithmetic_clipped`` except the learning rate, 3e-3 instead
-of 1e-3 (measured: at 1e-3 the advantage mode reaches 0.65 held-out in 500 steps, at 3e-3 0.9 by
-step 375; the direct mode reaches 0.9 at either rate); there is no KL anchor and no shaping
+of 1e-3 (measured with the recipes before 5d4b3a7: at 1e-3 the advantage mode reached 0.65
+held-out in 500 steps, at 3e-3 0.9 by step 375; the direct mode reached 0.9 at either rate); there is no KL anchor and no shaping
 reward: the teacher's log-probs are the signal. The reward stage still scores every sample, so
 ``train/reward_accuracy`` and held-out accuracy are comparable with GRPO.
 
@@ -13,7 +13,8 @@ The loss is the direct reverse KL over the whole next-token distribution
 (``rl.distillation_mode=direct``; the 22-token vocabulary makes the default ``teacher.top_k``
 exact), not the advantage mode's one-sample estimate of the same gradient: over students of seeds
 0-2 with one teacher (docs/guides/seeds.md) the direct mode reached 0.9 held-out on 3 of 3 (first
-at 325-375 steps), the advantage mode on 2 of 3 (seed 1 ended at 0.65). ``rl.distillation_mode=
+at 325-375 steps before 5d4b3a7, 325-450 with its recipes), the advantage mode on 2 of 3 (seed 1
+ended at 0.65; before 5d4b3a7). ``rl.distillation_mode=
 advantage`` is the sampled-token mode (no top-k traffic from the teacher).
 """
 

@@ -6,7 +6,8 @@ each of the 80 train problems of ``arithmetic_clipped`` from that recipe's polic
 rl.max_steps=300 job.name=rft_base`` leaves in ``outputs/grpo/rft_base/final_model``), scores
 them with its exact verifier, and writes ``outputs/rft/rft_arithmetic/{sft,pairs}.jsonl``, which
 ``rft_arithmetic_sft`` and ``rft_arithmetic_lmdpo`` train on. Everything else (prompts, sampling
-temperature, reward) is ``arithmetic_clipped``'s; as a GRPO recipe it continues that run.
+temperature, reward) is ``arithmetic_clipped``'s; as a GRPO recipe it trains on from that policy
+in a run of its own (its step count, and with it the shaping's fade, starts again).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from posttrain.config import PosttrainConfig
 from posttrain.configs.arithmetic_clipped import build_config as build_arithmetic_clipped
 from posttrain.run.records import final_model_dir
 
-#: The GRPO run the demo samples from, and its length (partly trained: half its answers right).
+#: The GRPO run the demo samples from, and its length (partly trained: some of its samples right).
 BASE_RUN, BASE_STEPS = "rft_base", 300
 
 
