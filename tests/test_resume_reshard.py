@@ -27,6 +27,7 @@ import torch
 pytest.importorskip("ray")
 
 from safetensors.torch import load_file  # noqa: E402
+from test_entry_grpo import train  # noqa: E402
 from test_fsdp_ray import policy_host_pids  # noqa: E402
 
 from posttrain.entrypoints.cli import EXIT_RUN_ERROR  # noqa: E402
@@ -74,13 +75,7 @@ def command(cwd: Path, tiny: Path, ray: str, steps: int, placement: dict, ranks:
 
 def here(cwd: Path, tiny: Path, ray: str, steps: int, placement: dict, ranks: int) -> dict:
     """The same command run in this process (it joins the session's Ray instance)."""
-    from posttrain.config import load_config
-    from posttrain.config.build import build_objective
-    from posttrain.entrypoints import grpo as entry
-
-    opts = overrides(cwd, tiny, ray, steps, placement, ranks)
-    config = load_config("arithmetic", ["--", *opts])
-    return entry.run(config, "arithmetic", opts, entry.default_out_dir(config), build_objective)
+    return train(overrides(cwd, tiny, ray, steps, placement, ranks))
 
 
 def grpo(cwd: Path, tiny: Path, ray: str, steps: int, placement: dict, ranks: int):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from posttrain.config import load_config
 from posttrain.config.build import build_objective
@@ -262,8 +263,6 @@ def test_the_length_role_under_ray_gives_the_local_numbers(
     assert sum(seen) == STEPS * 4 and all("time/length_s" in r for r in remote[1:])
     assert run_numbers(remote) == run_numbers(local)
     # One Ray policy rank makes the in-process run's weights bit for bit, weights that moved.
-    from safetensors.torch import load_file
-
     assert all(r["train/reward_std"] > 0 for r in local[1:])
     a, b = load_file(str(remote_weights)), load_file(str(local_weights))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
