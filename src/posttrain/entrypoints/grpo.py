@@ -17,7 +17,6 @@ from typing import Any
 
 from posttrain.config import PosttrainConfig
 from posttrain.config.build import objective_builder
-from posttrain.run import online
 from posttrain.run.records import default_out_dir, quiet_libraries
 from posttrain.run.session import RunSession, entry_spec
 
@@ -40,6 +39,9 @@ def run(
     (checked against ``config_path`` + ``opts``), or None; ``out_dir`` None is the config's own
     run directory."""
     session = RunSession(SPEC, config_path, opts, config)
+    # The loop (and torch) after the session: a config error is one line in well under a second.
+    from posttrain.run import online
+
     builder = build_objective_fn or objective_builder(session.config)
     return online.run(session, out_dir or session.default_out_dir(), builder)
 
@@ -48,7 +50,10 @@ def train_from_cli(config_path: str, opts: Sequence[str], objective: str | None 
     """``posttrain grpo``: resolve, train, print where the run went and held-out accuracy."""
     quiet_libraries()
     opts = [*opts, f"rl.objective_builder={objective}"] if objective else list(opts)
-    online.report(run(None, config_path, opts, None))  # the builder the config names
+    summary = run(None, config_path, opts, None)  # the builder the config names
+    from posttrain.run.online import report
+
+    report(summary)
     return 0
 
 

@@ -19,9 +19,6 @@ from typing import Any
 
 from posttrain.config import PosttrainConfig
 from posttrain.config.build import objective_builder
-from posttrain.placement.specs import RoleSpec
-from posttrain.placement.teacher import TEACHER, check_teacher_tokenizer
-from posttrain.run import online
 from posttrain.run.records import default_out_dir, quiet_libraries
 from posttrain.run.session import RunSession, entry_spec
 
@@ -30,8 +27,6 @@ __all__ = ["SPEC", "default_out_dir", "run", "train_from_cli"]
 #: The entry as the run session sees it: it only ever trains OPD (``job.algorithm=opd`` is
 #: appended after the user's overrides) and refuses a GRPO-family config.
 SPEC = entry_spec("opd")
-#: The roles the loop applies to each rollout before the reward stage.
-ROLES: tuple[RoleSpec, ...] = (TEACHER,)
 
 
 def run(
@@ -48,9 +43,15 @@ def run(
     whose tokenizer is not the student's before any model loads.
     """
     session = RunSession(SPEC, config_path, opts, config)
+    # The loop, the teacher's role and torch after the session: a config error is one line in
+    # well under a second.
+    from posttrain.placement.teacher import TEACHER, check_teacher_tokenizer
+    from posttrain.run import online
+
     builder = build_objective_fn or objective_builder(session.config)
     return online.run(
-        session, out_dir or session.default_out_dir(), builder, role_specs=ROLES,
+        session, out_dir or session.default_out_dir(), builder,
+        role_specs=(TEACHER,),  # applied to each rollout before the reward stage
         prepare=check_teacher_tokenizer,
     )  # fmt: skip
 
@@ -59,7 +60,10 @@ def train_from_cli(config_path: str, opts: Sequence[str], objective: str | None 
     """``posttrain opd``: resolve, distil, print where the run went and held-out accuracy."""
     quiet_libraries()
     opts = [*opts, f"rl.objective_builder={objective}"] if objective else list(opts)
-    online.report(run(None, config_path, opts, None))  # the builder the config names
+    summary = run(None, config_path, opts, None)  # the builder the config names
+    from posttrain.run.online import report
+
+    report(summary)
     return 0
 
 

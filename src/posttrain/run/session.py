@@ -20,19 +20,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from posttrain.config import PosttrainConfig, load_config, to_dict
 from posttrain.config.overrides import apply_overrides
 from posttrain.control import run_preflight
 from posttrain.metrics import open_sinks
 from posttrain.metrics.sinks import METRICS_FILE, read_metrics
-from posttrain.run.admission import admit, record_inputs
 from posttrain.run.lock import RunLock, prepare_run_dir
 from posttrain.run.progress import Progress
 from posttrain.run.records import default_out_dir, refuse_driver_edits, write_resolved_config
 from posttrain.run.signals import GracefulStop
-from posttrain.trainer.checkpoint import ResumeState
+
+if TYPE_CHECKING:
+    from posttrain.trainer.checkpoint import ResumeState
 
 log = logging.getLogger("posttrain")
 
@@ -121,6 +122,8 @@ class RunSession:
     ) -> dict[str, Any]:
         """Admit, place (``place(run_dir)``), resume, then run ``body(placed, state, run_dir)``'s
         steps; returns the summary ``report`` prints."""
+        from posttrain.run.admission import admit, record_inputs  # torch: after the config checks
+
         run_dir = prepare_run_dir(out_dir)
         with RunLock(run_dir):  # one writer per run directory
             admission = admit(self.config, run_dir)
