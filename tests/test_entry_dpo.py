@@ -165,7 +165,6 @@ def test_kill_9_then_resume_is_bit_exact(base):
 
     steps = {"rl.max_steps": 20, "rl.eval_every": 10, "rl.lr_schedule": "cosine",
              "rl.warmup_steps": 3, "checkpoint.keep_last": 2}  # fmt: skip
-    straight = launch_cli(opts_for(base, "k_straight", **steps))
     killed = launch_cli(opts_for(base, "k_killed", **steps))
     run_dir = base / "out" / "dpo" / "k_killed"
     deadline = time.monotonic() + 120
@@ -179,9 +178,14 @@ def test_kill_9_then_resume_is_bit_exact(base):
     final = Path("checkpoints") / "step_00000020"
     assert not (run_dir / final / "COMPLETE").exists(), "the run ended before the kill"
     resumed = launch_cli(opts_for(base, "k_killed", **steps))
-    for proc in (straight, resumed):
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
+    # The uninterrupted run, beside the resume, in this process: the killed and resumed runs are
+    # the processes under test.
+    assert (
+        cli_main(["dpo", "--config", "dpo_shapes", "--", *opts_for(base, "k_straight", **steps)])
+        == 0
+    )
+    _, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err
 
     a, b = rows_in(base / "out" / "dpo" / "k_straight"), rows_in(run_dir)
     assert sorted(a) == sorted(b) == list(range(21))

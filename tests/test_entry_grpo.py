@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_here import posttrain_here
 
 from posttrain.config import ConfigError, load_config
 from posttrain.config.build import build_objective
@@ -216,12 +217,14 @@ def test_custom_objective_from_the_command_line(tmp_path, tiny_dir):
         (REPO / "examples/custom_objective.py").read_text()
     )
     opts = ["--", *quick_opts(tmp_path, tiny_dir), "rl.max_steps=2", "rl.eval_every=0"]
-    out = _cli(["--objective", "custom_objective:build", "--config", "arithmetic", *opts], tmp_path)
+    out = posttrain_here(["grpo", "--objective", "custom_objective:build", "--config",
+                          "arithmetic", *opts], tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
     run_dir = tmp_path / "out" / "grpo" / "arithmetic_tiny"
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").open()]
     assert all("train/custom/logprob_bonus" in r for r in rows if r["step"] > 0)
-    bad = _cli(["--objective", "custom_objective:nope", "--config", "arithmetic", *opts], tmp_path)
+    bad = posttrain_here(["grpo", "--objective", "custom_objective:nope", "--config",
+                          "arithmetic", *opts], tmp_path)  # fmt: skip
     assert bad.returncode == 2 and "has no attribute 'nope'" in bad.stderr
     assert bad.stderr.strip().count("\n") == 0
 
@@ -235,7 +238,7 @@ def test_malformed_data_row_names_file_and_line(tmp_path, tiny_dir):
         "data.train_size=1000", "data.val_size=64",
         "rl.eval_every=0",
     ]  # fmt: skip
-    out = _cli(["--config", "arithmetic", "--", *opts], tmp_path)
+    out = posttrain_here(["grpo", "--config", "arithmetic", "--", *opts], tmp_path)
     assert out.returncode != 0
     assert f"{bad}:2" in out.stderr and "Traceback" not in out.stderr
 

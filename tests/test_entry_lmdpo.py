@@ -5,13 +5,12 @@ and its one-line user errors."""
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_entry_sft import _cli, kill_then_resume, rows_in, straight_run
+from test_entry_sft import _cli, rows_in, stops_then_resume, straight_run
 
 from posttrain.config import load_config
 from posttrain.configs.lmdpo_tools_tiny import DATA, pairs
@@ -116,13 +115,12 @@ def test_stop_and_resume_is_bit_exact(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def straight_cli(tmp_path_factory):
-    yield from straight_run(tmp_path_factory, "lmdpo", RECIPE, opts_for)
+def straight(tmp_path_factory):
+    return straight_run(tmp_path_factory, "lmdpo", RECIPE, opts_for)
 
 
-@pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM])
-def test_kill_then_resume_is_bit_exact(straight_cli, kill):
-    kill_then_resume(straight_cli, kill, "lmdpo", RECIPE, opts_for)
+def test_sigterm_then_sigkill_then_resume_is_bit_exact(straight):
+    stops_then_resume(straight, "lmdpo", RECIPE, opts_for)
 
 
 @pytest.mark.parametrize(

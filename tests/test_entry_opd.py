@@ -113,10 +113,14 @@ def test_a_teacher_with_another_tokenizer_stops_before_any_model_loads(tmp_path,
     assert "\n" not in err and not (tmp_path / "out").exists()
 
 
-def _launch(tmp: Path, models, name: str, steps: int) -> subprocess.Popen:
+def _kill_opts(tmp: Path, models, name: str, steps: int) -> list[str]:
     """A run in the advantage mode, whose clipped surrogate's π_old cache resume must restore."""
-    opts = opd_opts(tmp, models, **{"job.name": name, "rl.max_steps": steps, "rl.save_every": 2,
+    return opd_opts(tmp, models, **{"job.name": name, "rl.max_steps": steps, "rl.save_every": 2,
                                     "rl.eval_every": 0, "rl.distillation_mode": "advantage"})  # fmt: skip
+
+
+def _launch(tmp: Path, models, name: str, steps: int) -> subprocess.Popen:
+    opts = _kill_opts(tmp, models, name, steps)
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -139,7 +143,6 @@ def _comparable(rows: list[dict]) -> list[dict]:
 
 def test_kill_9_mid_run_then_resume_is_bit_exact(tmp_path, models):
     steps = 6
-    straight = _launch(tmp_path, models, "straight", steps)
     killed = _launch(tmp_path, models, "killed", steps)
     metrics = tmp_path / "out" / "opd" / "killed" / "checkpoints" / "step_00000004"
     deadline = time.monotonic() + 120
@@ -149,8 +152,13 @@ def test_kill_9_mid_run_then_resume_is_bit_exact(tmp_path, models):
         time.sleep(0.02)
     os.kill(killed.pid, signal.SIGKILL)
     killed.wait()
-    assert straight.wait(timeout=120) == 0, straight.communicate()[1]
     resumed = _launch(tmp_path, models, "killed", steps)
+    # The uninterrupted run, beside the resume, in this process: the killed and resumed runs are
+    # the processes under test.
+    assert (
+        main(["opd", "--config", RECIPE, "--", *_kill_opts(tmp_path, models, "straight", steps)])
+        == 0
+    )
     assert resumed.wait(timeout=120) == 0, resumed.communicate()[1]
     a_dir, b_dir = (tmp_path / "out" / "opd" / n for n in ("straight", "killed"))
     assert _comparable(rows_of(a_dir)) == _comparable(rows_of(b_dir))

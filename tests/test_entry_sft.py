@@ -135,67 +135,65 @@ KILL_STEPS = {"rl.max_steps": 30, "rl.eval_every": 10, "rl.lr_schedule": "cosine
               "rl.warmup_steps": 3, "checkpoint.keep_last": 2}  # fmt: skip
 
 
-def straight_run(tmp_path_factory, entry: str, recipe: str, opts_for):
-    """The uninterrupted CLI run a policy-only entry's kills compare with (one run, not one per
-    kill): it starts with the first kill's run and trains beside it; ``wait()`` is its run
-    directory. A generator for a module fixture: yields ``(root, wait)``."""
+def straight_run(tmp_path_factory, entry: str, recipe: str, opts_for) -> tuple[Path, Path]:
+    """The uninterrupted run a policy-only entry's stops compare with, through the command line
+    in this process (the stopped and resumed runs are the processes under test). Returns
+    ``(root, its run directory)``."""
     root = tmp_path_factory.mktemp("kill")
     ensure_model(load_config(recipe, ["--", *opts_for(root, "m")]))
-    proc = launch_cli(opts_for(root, "straight", **KILL_STEPS), entry, recipe)
-    done: list[Path] = []
-
-    def wait() -> Path:
-        if not done:
-            _, err = proc.communicate(timeout=120)
-            assert proc.returncode == 0, err
-            done.append(root / "out" / entry / "straight")
-        return done[0]
-
-    yield root, wait
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
+    argv = [entry, "--config", recipe, "--", *opts_for(root, "straight", **KILL_STEPS)]
+    assert cli_main(argv) == 0
+    return root, root / "out" / entry / "straight"
 
 
-def kill_then_resume(straight_cli, kill: int, entry: str, recipe: str, opts_for) -> None:
-    """Kill the entry (-9, or SIGTERM: it saves and stops) once a checkpoint exists, resume it,
-    and get the uninterrupted run's weights, optimizer state and metrics bit for bit."""
+def newest_complete(ckpts: Path) -> int:
+    done = [int(p.name.removeprefix("step_")) for p in ckpts.glob("step_*")
+            if (p / "COMPLETE").exists()]  # fmt: skip
+    return max(done, default=0)
+
+
+def stops_then_resume(straight: tuple[Path, Path], entry: str, recipe: str, opts_for) -> None:
+    """SIGTERM the entry once a checkpoint exists (it finishes the step, saves and stops), resume
+    it and SIGKILL the resumed run once it has saved again (the kill may land mid-save), then
+    resume once more: the run ends with the uninterrupted run's weights, optimizer state and
+    metrics bit for bit. One chain for both signals, each resume from what the last stop left."""
     from test_checkpoint_resume_kill import assert_same_tree
 
-    root, straight = straight_cli
-    job = f"killed_{int(kill)}"
-    killed = launch_cli(opts_for(root, job, **KILL_STEPS), entry, recipe)
-    run_dir = root / "out" / entry / job
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoints" / "step_00000002" / "COMPLETE").exists():
-        assert killed.poll() is None, killed.communicate()[1]
-        assert time.monotonic() < deadline, "the run never saved step 2"
-        time.sleep(0.005)
-    os.kill(killed.pid, kill)
-    killed.communicate()
+    root, straight_dir = straight
+    opts = opts_for(root, "stopped", **KILL_STEPS)
+    run_dir = root / "out" / entry / "stopped"
     final = Path("checkpoints") / "step_00000030"
-    assert not (run_dir / final / "COMPLETE").exists(), "the run ended before the kill"
-    resumed = launch_cli(opts_for(root, job, **KILL_STEPS), entry, recipe)
+    for stop in (signal.SIGTERM, signal.SIGKILL):
+        before = newest_complete(run_dir / "checkpoints")
+        proc = launch_cli(opts, entry, recipe)
+        deadline = time.monotonic() + 120
+        while newest_complete(run_dir / "checkpoints") <= before:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, f"the run never saved a step after {before}"
+            time.sleep(0.005)
+        os.kill(proc.pid, stop)
+        proc.communicate()
+        assert not (run_dir / final / "COMPLETE").exists(), f"the run ended before {stop.name}"
+    resumed = launch_cli(opts, entry, recipe)
     _, err = resumed.communicate(timeout=120)
     assert resumed.returncode == 0, err
-    a, b = rows_in(straight()), rows_in(run_dir)
+    a, b = rows_in(straight_dir), rows_in(run_dir)
     assert sorted(a) == sorted(b) == list(range(31))
     for row in (*a.values(), *b.values()):
         row.pop("time/step_s", None)
     assert a == b
     for name in ("model/model.safetensors", "trainer.pt"):
         read = load_file if name.endswith(".safetensors") else _load_pt
-        assert_same_tree(read(straight() / final / name), read(run_dir / final / name), name)
+        assert_same_tree(read(straight_dir / final / name), read(run_dir / final / name), name)
 
 
 @pytest.fixture(scope="module")
-def straight_cli(tmp_path_factory):
-    yield from straight_run(tmp_path_factory, "sft", "sft_tools_tiny", opts_for)
+def straight(tmp_path_factory):
+    return straight_run(tmp_path_factory, "sft", "sft_tools_tiny", opts_for)
 
 
-@pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM])
-def test_kill_then_resume_is_bit_exact(straight_cli, kill):
-    kill_then_resume(straight_cli, kill, "sft", "sft_tools_tiny", opts_for)
+def test_sigterm_then_sigkill_then_resume_is_bit_exact(straight):
+    stops_then_resume(straight, "sft", "sft_tools_tiny", opts_for)
 
 
 def _load_pt(path: Path):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_here import posttrain_here
 
 from posttrain.config import ConfigError, PosttrainConfig, load_config
 from posttrain.control import PreflightError, run_preflight
@@ -83,12 +82,8 @@ def test_settings_without_a_multiturn_meaning_are_refused(section, line) -> None
 
 
 def test_cli_names_a_missing_environment_in_one_line(tmp_path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "posttrain.entrypoints.grpo", "--config", "arithmetic", "--",
-         f"job.output_root={tmp_path}", "env.name=missing_env:make"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    out = posttrain_here(["grpo", "--config", "arithmetic", "--", f"job.output_root={tmp_path}",
+                          "env.name=missing_env:make"], tmp_path)  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and out.stderr.strip().count("\n") == 0
     assert "cannot import module 'missing_env'" in out.stderr
@@ -97,12 +92,8 @@ def test_cli_names_a_missing_environment_in_one_line(tmp_path) -> None:
 def test_a_factory_that_raises_is_one_line_naming_it_and_its_exception(tmp_path) -> None:
     """Issue 33 item 2: a raising factory gave a 39-line traceback from `config show`."""
     (tmp_path / "bad_env.py").write_text('def broken():\n    raise RuntimeError("x")\n')
-    out = subprocess.run(
-        [sys.executable, "-m", "posttrain.entrypoints.cli", "config", "show", "--config",
-         "arithmetic", "--", "env.name=bad_env:broken"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    out = posttrain_here(["config", "show", "--config", "arithmetic", "--",
+                          "env.name=bad_env:broken"], tmp_path)  # fmt: skip
     assert out.returncode == 2 and out.stdout == "", out.stderr
     assert "Traceback" not in out.stderr and out.stderr.strip().count("\n") == 0, out.stderr
     assert (

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_here import posttrain_here
 from multiturn_fixtures import build_tools_model
 
 from posttrain.config import PosttrainConfig
@@ -21,11 +21,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _show(tmp_path: Path, *opts: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "posttrain.entrypoints.cli", "config", "show", "--config",
-         "tools_addition", "--", f"model.name_or_path={tmp_path / 'not_built'}", *opts],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    return posttrain_here(
+        ["config", "show", "--config", "tools_addition", "--",
+         f"model.name_or_path={tmp_path / 'not_built'}", *opts],
+        tmp_path,
     )  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_here import posttrain_here
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -115,12 +116,6 @@ def test_export_final_takes_a_bool_only():
     assert "checkpoint.export_final" in str(e.value) and "\n" not in str(e.value)
 
 
-def cli(args: list[str], cwd: Path, module: str = "posttrain.entrypoints.grpo"):
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO / 'tests'}"}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=240)  # fmt: skip
-
-
 KILLER = """
 import os, signal, sys
 import posttrain.trainer.dcp as dcp
@@ -156,7 +151,7 @@ def test_a_kill_during_export_leaves_no_half_folder_and_a_rerun_exports(runs, ti
     assert exported_step(run_dir / FINAL_DIR) == 1
     opts = opts_for(run_dir.parents[1], tiny, **{"job.name": "lora", "model.lora_rank": 4,
                                                  "model.lora_target_modules": "[q_proj,v_proj]"})  # fmt: skip
-    again = cli(["--config", "arithmetic", "--", *opts], tmp_path)
+    again = posttrain_here(["grpo", "--config", "arithmetic", "--", *opts], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "already complete" in again.stdout and "final model" in again.stdout
     assert not (run_dir / ".tmp-final_model").exists()
@@ -170,8 +165,8 @@ def test_a_failed_export_is_one_line_naming_the_checkpoint(tiny, tmp_path):
             "rl.max_steps": 1, "checkpoint.export_final": False}  # fmt: skip
     run_dir = train(opts_for(tmp_path / "out", base, **lora))
     os.rename(base, tmp_path / "moved")  # the base model the adapters need is gone
-    out = cli(["export", str(run_dir / "checkpoints" / "step_00000001"), "--out",
-               str(tmp_path / "hf")], tmp_path, "posttrain.model.cli")  # fmt: skip
+    out = posttrain_here(["model", "export", str(run_dir / "checkpoints" / "step_00000001"),
+                          "--out", str(tmp_path / "hf")], tmp_path)  # fmt: skip
     err = out.stderr.strip()
     assert out.returncode == 2 and "\n" not in err and "not a model folder here" in err, err
     from posttrain.trainer.errors import CheckpointError

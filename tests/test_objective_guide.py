@@ -5,13 +5,12 @@ resume, ``config show --objective``); a builder returning a non-Objective is one
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from cli_here import posttrain_here
 from conftest import tiny_llama
 
 from posttrain.config import RLConfig
@@ -42,11 +41,7 @@ def user_dir(tmp_path):
 
 
 def _posttrain(args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "posttrain.entrypoints.cli", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=120,
-        env={"PYTHONPATH": f"{REPO / 'src'}", "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    return posttrain_here(args, cwd)  # the user's folder importable, as from their shell
 
 
 def _opts(tmp: Path, model: Path, steps: int) -> list[str]:

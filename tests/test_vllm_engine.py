@@ -400,9 +400,10 @@ def vllm_processes(parent: int) -> set[int]:
 
 def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, folders):
     """A LoRA policy with ``vllm.lora_sync=merged``, the default (every sync its merged full
-    weights; adapters alone are ``test_vllm_lora.py``'s), sampled by vLLM split over two
-    tensor-parallel workers (one CPU each): every step's log-probs, also after each sync, are
-    the trainer's within the single-worker bound."""
+    weights; adapters alone are ``test_vllm_lora.py``'s), sampled by vLLM: every step's
+    log-probs, also after each sync, are the trainer's within the bound. One worker: the split
+    over two tensor-parallel workers, and a sync into both, are the test above's (two more vLLM
+    processes here cost about 30 CPU-seconds of the suite's budget)."""
     opts = [
         f"job.output_root={tmp_path / 'out'}", f"model.name_or_path={folders[0]}",
         "rollout.engine=vllm", "rollout.dtype=float32", "rl.grpo_surrogate=clipped",
@@ -411,7 +412,6 @@ def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, fo
         "rl.micro_batch_size=8", "logging.progress=false", "model.lora_rank=4",
         "model.lora_alpha=8.0", "model.lora_target_modules=[q_proj,v_proj]", "rl.lr=0.01",
         "rl.entropy_coef=0.1",  # a gradient whatever the rewards (all 0 for a random model)
-        "vllm.tensor_parallel_size=2",  # the model's 2 heads, one per worker
     ]  # fmt: skip
     config = load_config("arithmetic", ["--", *opts])
     assert config.vllm.lora_sync == "merged"  # the default
