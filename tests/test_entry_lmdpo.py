@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_entry_sft import _cli, rows_in, stops_then_resume, straight_run
+from test_entry_sft import _cli, rows_in, stops_then_resume
 
 from posttrain.config import load_config
 from posttrain.configs.lmdpo_tools_tiny import DATA, pairs
@@ -114,13 +114,8 @@ def test_stop_and_resume_is_bit_exact(tmp_path):
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    return straight_run(tmp_path_factory, "lmdpo", RECIPE, opts_for)
-
-
-def test_sigterm_then_sigkill_then_resume_is_bit_exact(straight):
-    stops_then_resume(straight, "lmdpo", RECIPE, opts_for)
+def test_sigterm_then_sigkill_then_resume_is_bit_exact(tmp_path):
+    stops_then_resume(tmp_path, "lmdpo", RECIPE, opts_for)
 
 
 @pytest.mark.parametrize(

@@ -135,35 +135,33 @@ KILL_STEPS = {"rl.max_steps": 30, "rl.eval_every": 10, "rl.lr_schedule": "cosine
               "rl.warmup_steps": 3, "checkpoint.keep_last": 2}  # fmt: skip
 
 
-def straight_run(tmp_path_factory, entry: str, recipe: str, opts_for) -> tuple[Path, Path]:
-    """The uninterrupted run a policy-only entry's stops compare with, through the command line
-    in this process (the stopped and resumed runs are the processes under test). Returns
-    ``(root, its run directory)``."""
-    root = tmp_path_factory.mktemp("kill")
-    ensure_model(load_config(recipe, ["--", *opts_for(root, "m")]))
-    argv = [entry, "--config", recipe, "--", *opts_for(root, "straight", **KILL_STEPS)]
-    assert cli_main(argv) == 0
-    return root, root / "out" / entry / "straight"
-
-
 def newest_complete(ckpts: Path) -> int:
+    """The step of the newest checkpoint with its COMPLETE marker (0: none), what a resume
+    starts from."""
     done = [int(p.name.removeprefix("step_")) for p in ckpts.glob("step_*")
             if (p / "COMPLETE").exists()]  # fmt: skip
     return max(done, default=0)
 
 
-def stops_then_resume(straight: tuple[Path, Path], entry: str, recipe: str, opts_for) -> None:
-    """SIGTERM the entry once a checkpoint exists (it finishes the step, saves and stops), resume
-    it and SIGKILL the resumed run once it has saved again (the kill may land mid-save), then
-    resume once more: the run ends with the uninterrupted run's weights, optimizer state and
-    metrics bit for bit. One chain for both signals, each resume from what the last stop left."""
+def stops_then_resume(root: Path, entry: str, recipe: str, opts_for) -> None:
+    """SIGTERM the entry once a checkpoint exists (it finishes the step, saves it and exits
+    143), resume it, SIGKILL the resumed run once it has saved again, then resume once more: the
+    run ends with the uninterrupted run's weights, optimizer state and metrics bit for bit. One
+    chain for both signals; each resume is checked to start from what the last stop left.
+
+    The uninterrupted run goes through the command line in this process; the stopped and
+    resumed runs are the processes under test."""
     from test_checkpoint_resume_kill import assert_same_tree
 
-    root, straight_dir = straight
+    ensure_model(load_config(recipe, ["--", *opts_for(root, "m")]))
+    assert (
+        cli_main([entry, "--config", recipe, "--", *opts_for(root, "straight", **KILL_STEPS)]) == 0
+    )
+    straight = root / "out" / entry / "straight"
     opts = opts_for(root, "stopped", **KILL_STEPS)
     run_dir = root / "out" / entry / "stopped"
     final = Path("checkpoints") / "step_00000030"
-    for stop in (signal.SIGTERM, signal.SIGKILL):
+    for stop, status in ((signal.SIGTERM, 143), (signal.SIGKILL, -signal.SIGKILL)):
         before = newest_complete(run_dir / "checkpoints")
         proc = launch_cli(opts, entry, recipe)
         deadline = time.monotonic() + 120
@@ -172,28 +170,26 @@ def stops_then_resume(straight: tuple[Path, Path], entry: str, recipe: str, opts
             assert time.monotonic() < deadline, f"the run never saved a step after {before}"
             time.sleep(0.005)
         os.kill(proc.pid, stop)
-        proc.communicate()
+        _, err = proc.communicate()
+        assert proc.returncode == status, err[-3000:]
+        assert before == 0 or f"resuming from step {before}" in err, err[-3000:]
         assert not (run_dir / final / "COMPLETE").exists(), f"the run ended before {stop.name}"
+    before = newest_complete(run_dir / "checkpoints")
     resumed = launch_cli(opts, entry, recipe)
     _, err = resumed.communicate(timeout=120)
-    assert resumed.returncode == 0, err
-    a, b = rows_in(straight_dir), rows_in(run_dir)
+    assert resumed.returncode == 0 and f"resuming from step {before}" in err, err[-3000:]
+    a, b = rows_in(straight), rows_in(run_dir)
     assert sorted(a) == sorted(b) == list(range(31))
     for row in (*a.values(), *b.values()):
         row.pop("time/step_s", None)
     assert a == b
     for name in ("model/model.safetensors", "trainer.pt"):
         read = load_file if name.endswith(".safetensors") else _load_pt
-        assert_same_tree(read(straight_dir / final / name), read(run_dir / final / name), name)
+        assert_same_tree(read(straight / final / name), read(run_dir / final / name), name)
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    return straight_run(tmp_path_factory, "sft", "sft_tools_tiny", opts_for)
-
-
-def test_sigterm_then_sigkill_then_resume_is_bit_exact(straight):
-    stops_then_resume(straight, "sft", "sft_tools_tiny", opts_for)
+def test_sigterm_then_sigkill_then_resume_is_bit_exact(tmp_path):
+    stops_then_resume(tmp_path, "sft", "sft_tools_tiny", opts_for)
 
 
 def _load_pt(path: Path):

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from cli_here import posttrain_here
 
 from posttrain.config import ConfigError, PosttrainConfig, load_config
 from posttrain.control import PreflightError, run_preflight
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_single_turn_is_the_default() -> None:

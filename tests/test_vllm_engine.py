@@ -402,7 +402,8 @@ def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, fo
     """A LoRA policy with ``vllm.lora_sync=merged``, the default (every sync its merged full
     weights; adapters alone are ``test_vllm_lora.py``'s), sampled by vLLM: every step's
     log-probs, also after each sync, are the trainer's within the bound. One worker: the split
-    over two tensor-parallel workers, and a sync into both, are the test above's (two more vLLM
+    over two tensor-parallel workers, and a sync into both, are
+    ``test_two_tensor_parallel_workers_sample_as_one_and_both_take_a_sync``'s (two more vLLM
     processes here cost about 30 CPU-seconds of the suite's budget)."""
     opts = [
         f"job.output_root={tmp_path / 'out'}", f"model.name_or_path={folders[0]}",
