@@ -179,14 +179,10 @@ def test_kill_9_then_resume_is_bit_exact(base):
     assert not (run_dir / final / "COMPLETE").exists(), "the run ended before the kill"
     resumed = launch_cli(opts_for(base, "k_killed", **steps))
     # The uninterrupted run, beside the resume, in this process: the killed and resumed runs are
-    # the processes under test. One torch thread, as theirs (the DPO entry keeps the caller's).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        argv = ["dpo", "--config", "dpo_shapes", "--", *opts_for(base, "k_straight", **steps)]
-        assert cli_main(argv) == 0
-    finally:
-        torch.set_num_threads(threads)
+    # the processes under test. (One torch thread like theirs: placement.torch_threads_per_process,
+    # which the run sets.)
+    argv = ["dpo", "--config", "dpo_shapes", "--", *opts_for(base, "k_straight", **steps)]
+    assert cli_main(argv) == 0
     _, err = resumed.communicate(timeout=120)
     assert resumed.returncode == 0, err
 
