@@ -166,8 +166,8 @@ def test_a_prompt_past_the_model_length_is_one_line(engine):
 
 
 def _sync(engine: VllmRolloutEngine, policy) -> None:
-    """Full weights through the weight sink, in several buckets."""
-    source = WeightSource(policy, limit=16 * 1024)
+    """Full weights through the weight sink, in several buckets (a LoRA policy's merged)."""
+    source = WeightSource(policy, limit=16 * 1024, adapters=False)
     assert len(source.buckets) > 2
     sink = WeightSink(engine)
     version = engine.weight_version
@@ -201,9 +201,14 @@ def test_two_tensor_parallel_workers_sample_as_one_and_both_take_a_sync(engine, 
     """``vllm.tensor_parallel_size=2``: the model's two heads (and MLP columns) split over two
     workers, one CPU each. With the same seeds the split engine samples the single engine's ids
     with log-probs within the bound (measured 4.8e-7: its all-reduce sums in another order), and
-    after a bucketed sync the samples are the new weights' (each worker reloaded its shard)."""
+    after a bucketed sync of a LoRA policy's merged weights (what ``vllm.lora_sync=merged``
+    sends) the samples are the adapted policy's (each worker reloaded its shard)."""
     first, tokenizer = load_policy(folders[0])
-    policy, _ = load_policy(folders[1])
+    policy = apply_lora(load_policy(folders[1])[0], 4, 8.0, ["q_proj", "v_proj"])
+    with torch.no_grad():  # adapters that move the policy (B starts at 0)
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(7)) * 0.3)
     options = replace(OPTIONS, tensor_parallel_size=2)
     rendezvous = set(Path(tempfile.gettempdir()).glob("vllm_dist_*"))
     split = VllmRolloutEngine(first, tokenizer, weights_from=folders[0], options=options)
@@ -402,7 +407,7 @@ def test_a_grpo_run_samples_with_vllm_and_publishes_the_logprob_gap(tmp_path, fo
     """A LoRA policy with ``vllm.lora_sync=merged``, the default (every sync its merged full
     weights; adapters alone are ``test_vllm_lora.py``'s), sampled by vLLM: every step's
     log-probs, also after each sync, are the trainer's within the bound. One worker: the split
-    over two tensor-parallel workers, and a sync into both, are
+    over two tensor-parallel workers, and a merged LoRA sync into both, are
     ``test_two_tensor_parallel_workers_sample_as_one_and_both_take_a_sync``'s (two more vLLM
     processes here cost about 30 CPU-seconds of the suite's budget)."""
     opts = [
