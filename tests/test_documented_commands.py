@@ -23,9 +23,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cli_here import posttrain_here
+
 from posttrain.config import load_config
 from posttrain.entrypoints import registry
-from posttrain.entrypoints.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs" / "guides").glob("*.md"))]
@@ -197,26 +198,10 @@ def run_command(
         return (code, out) if code == 0 else run_command(rest, cwd, env)
     argv = shlex.split(command, comments=True)
     if argv[0] == "posttrain":
-        return _in_process(shortened(argv[1:], cwd), cwd)
+        done = posttrain_here(shortened(argv[1:], cwd), cwd)
+        return done.returncode, done.stdout + done.stderr
     proc = subprocess.run(command, shell=True, cwd=cwd, env=env, capture_output=True, text=True)
     return proc.returncode, proc.stdout + proc.stderr
-
-
-def _in_process(argv: list[str], cwd: Path) -> tuple[int, str]:
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    old = Path.cwd()
-    os.chdir(cwd)
-    sys.path.insert(0, str(cwd))  # the working directory is importable, as for the CLI
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            code = main(argv)
-    finally:
-        sys.path.remove(str(cwd))
-        os.chdir(old)
-    return code, out.getvalue()
 
 
 def skip_reason(command: str) -> str | None:
@@ -249,9 +234,6 @@ def test_every_documented_command_runs_in_the_order_written(tmp_path, capsys):
         outcomes.append(f"{'ok  ' if ok else 'FAIL'} {where} {command}{how} -> exit {code}: {last}")
         if not ok:
             failed.append(f"{where}: `{command}` exited {code}:\n{output[-3000:]}")
-    for name, module in list(sys.modules.items()):  # the readers' own modules stay here
-        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
-            del sys.modules[name]
     with capsys.disabled():
         print("\n" + "\n".join(outcomes))
     assert not failed, "\n\n".join(failed)

@@ -153,10 +153,10 @@ def test_kill_9_mid_run_then_resume_is_bit_exact(tmp_path, models):
     os.kill(killed.pid, signal.SIGKILL)
     killed.wait()
     resumed = _launch(tmp_path, models, "killed", steps)
-    # The uninterrupted run, beside the resume, in this process: the killed and resumed runs are
-    # the processes under test.
-    straight = _kill_opts(tmp_path, models, "straight", steps)  # one torch thread: the key's
-    assert main(["opd", "--config", RECIPE, "--", *straight]) == 0  # default, set by the run
+    # The uninterrupted run, beside the resume, in this process (one torch thread, as the run
+    # sets it): the killed and resumed runs are the processes under test.
+    straight = _kill_opts(tmp_path, models, "straight", steps)
+    assert main(["opd", "--config", RECIPE, "--", *straight]) == 0
     assert resumed.wait(timeout=120) == 0, resumed.communicate()[1]
     a_dir, b_dir = (tmp_path / "out" / "opd" / n for n in ("straight", "killed"))
     assert _comparable(rows_of(a_dir)) == _comparable(rows_of(b_dir))
