@@ -95,11 +95,35 @@ def test_verdict_counts_runs_within_the_ratio_and_flags_a_miss(tmp_path):
     lines = lag_learning.report([lag_learning.read_run(d, 0.9) for d in runs], 0.9, 1.25)
     assert lines[-1] == ("lagged runs reaching 0.9 within 1.25x the steps of k=0: 1 of 3 "
                          "(target missed)")  # fmt: skip
-    by_run = {line.split()[-1]: line.split() for line in lines[1:-1]}
+    by_run = {line.split()[-1]: line.split() for line in lines[1:-2]}
     assert by_run[runs[1]][7:9] == ["500", "1.25"]
     assert by_run[runs[3]][7:9] == ["600", "1.50"]
     assert by_run[runs[5]][7:9] == ["never", "-"]
-    assert [line.split()[-1] for line in lines[1:-1]] == runs  # k=0 first, then its twin
+    assert [line.split()[-1] for line in lines[1:-2]] == runs  # k=0 first, then its twin
+
+
+def test_held_step_needs_the_target_in_a_row_and_has_its_own_ratio(tmp_path):
+    """A first step that is one lucky evaluation (k = 0 at 200, then 0.7) gives a ratio of 2.0;
+    held for three evaluations, k = 0 is at 500 and the lagged run at 400: 0.8. The verdict
+    stays the first step's, the held count is the line before it."""
+    k0 = {100: 0.5, 200: 0.9, 300: 0.7, 400: 0.85, 500: 0.9, 600: 0.95, 700: 0.9, 800: 0.9}
+    k1 = {100: 0.5, 200: 0.6, 300: 0.8, 400: 0.9, 500: 0.9, 600: 1.0, 700: 0.85, 800: 0.9}
+    runs = [fake_run(tmp_path, "k0", 0, 0, k0), fake_run(tmp_path, "k1", 0, 1, k1)]
+    results = [lag_learning.read_run(d, 0.9) for d in runs]
+    assert [(r.first_step, r.held_step) for r in results] == [(200, 500), (400, 400)]
+    assert [r.held_step for r in (lag_learning.read_run(d, 0.9, hold=1) for d in runs)] == [
+        200, 400]  # fmt: skip
+    assert lag_learning.read_run(runs[1], 0.9, hold=4).held_step is None  # 700 breaks the run
+    lines = lag_learning.report(results, 0.9, 1.25)
+    assert lines[0].split()[-4:] == ["held", "x3", "ratio", "run"]
+    assert lines[2].split()[7:9] == ["400", "2.00"] and lines[2].split()[-3:-1] == ["400", "0.80"]
+    assert lines[1].split()[-2:] == ["500", runs[0]]  # k = 0: no ratio
+    assert lines[-2:] == [
+        "on the step held for 3 evaluations: 1 of 1 within 1.25x",
+        "lagged runs reaching 0.9 within 1.25x the steps of k=0: 0 of 1 (target missed)",
+    ]
+    with pytest.raises(SystemExit, match=r"^lag_learning: --hold 0: give 1 or more"):
+        lag_learning.main([*runs, "--hold", "0"])
 
 
 def test_all_within_has_no_miss_note(tmp_path, capsys):

@@ -35,6 +35,8 @@ def test_two_seeds_run_tabulate_and_a_second_call_skips_them(tmp_path, capsys):
         "0",
         "--name",
         "sw",
+        "--hold",
+        "2",
         *overrides(tmp_path),
     ]
     assert seeds.main(argv) == 0
@@ -45,11 +47,13 @@ def test_two_seeds_run_tabulate_and_a_second_call_skips_them(tmp_path, capsys):
         tmp_path / "models" / "tiny_seed1"
     ).is_dir()
     assert first[0].split()[:2] == ["seed", "step"] and first[0].endswith("status")
+    assert first[0].split()[3:5] == ["held", "x2"]
     for line, k in zip(first[1:3], (0, 1), strict=True):
         cells = line.split()
-        assert cells[0] == str(k) and cells[1] == "0" and cells[3] == "3" and cells[-1] == "ran"
-        float(cells[2])  # the final held-out accuracy, at step 3
-    assert first[3].split()[0] == "median" and first[4].split()[0] == "worst"
+        assert cells[0] == str(k) and cells[1] == "0" and cells[4] == "3" and cells[-1] == "ran"
+        assert cells[2] == "0"  # held for two evaluations (steps 0 and 3) from step 0
+        float(cells[3])  # the final held-out accuracy, at step 3
+    assert first[3].split()[:3] == ["median", "0", "0"] and first[4].split()[0] == "worst"
     assert first[5] == "2 of 2 seeds reached val/accuracy >= 0"
     stamps = [(r / "metrics.jsonl").stat().st_mtime_ns for r in runs]
     assert seeds.main(argv) == 0
@@ -62,6 +66,8 @@ def test_two_seeds_run_tabulate_and_a_second_call_skips_them(tmp_path, capsys):
 def test_a_repeated_seed_and_a_bad_override_are_one_line(tmp_path):
     with pytest.raises(SystemExit, match=r"^seeds: --seeds \[1, 1\] repeats a seed"):
         seeds.main(["arithmetic", "--seeds", "1", "1"])
+    with pytest.raises(SystemExit, match=r"^seeds: --hold 0: give 1 or more evaluations"):
+        seeds.main(["arithmetic", "--hold", "0"])
     with pytest.raises(SystemExit) as e:
         seeds.main(["arithmetic", "--", "rl.max_step=3"])
     assert str(e.value).startswith("seeds: ") and "rl.max_steps" in str(e.value)
