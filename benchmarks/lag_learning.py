@@ -12,7 +12,8 @@ resolved to ``rl.eval_every``; use the same value on both sides. The first step 
 over a noisy curve (one evaluation of 20 held-out problems can reach 0.9 and the next fall to
 0.7), so the table also gives the first step from which the accuracy stays at the target for
 ``--hold`` evaluations in a row (``held``), its ratio, and a second count on that ratio; the
-verdict stays the first step's.
+verdict stays the first step's. Where the ``k = 0`` run never gets there and its twin does, the
+ratio is a bound, ``<`` the twin's step over the last step ``k = 0`` recorded, and counts as within.
 ``train_s`` is the sum of ``time/step_s`` (the steps alone: no evaluation, no start-up), which
 depends on the machine's load. docs/guides/async.md ("Learning under a lag") has the measured
 table and the commands that made the runs.
@@ -24,6 +25,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from seeds import first_held
 
@@ -81,10 +83,16 @@ def read_run(run_dir: str | Path, target: float, hold: int = 3) -> RunResult:
     )
 
 
-def ratios(results: list[RunResult], step: str = "first_step") -> dict[RunResult, float | None]:
+class Ratio(NamedTuple):
+    value: float
+    bound: bool  # the k = 0 run never got there: the ratio is below ``value`` (its last step)
+
+
+def ratios(results: list[RunResult], step: str = "first_step") -> dict[RunResult, Ratio | None]:
     """Each lagged run's first step (or ``step="held_step"``) over its twin's at k = 0 (same
-    algorithm, mode, seed, learning rate and max steps); None when either never reached the
-    target or the pair has no k = 0 run."""
+    algorithm, mode, seed, learning rate and max steps). Where the lagged run got there and its
+    twin never did, the twin's last step recorded stands in (a bound: the ratio is below it).
+    None when the lagged run never got there or the pair has no k = 0 run."""
     base: dict[tuple, RunResult] = {}
     seen: dict[tuple, str] = {}
     for r in results:
@@ -95,13 +103,18 @@ def ratios(results: list[RunResult], step: str = "first_step") -> dict[RunResult
         seen[key] = r.run_dir
         if r.lag == 0:
             base[_pair(r)] = r
-    out: dict[RunResult, float | None] = {}
+    out: dict[RunResult, Ratio | None] = {}
     for r in results:
         if r.lag == 0:
             continue
-        b = base.get(_pair(r))
-        mine, theirs = getattr(r, step), b and getattr(b, step)
-        out[r] = mine / theirs if theirs and mine is not None else None
+        b, mine = base.get(_pair(r)), getattr(r, step)
+        theirs = None if b is None else getattr(b, step)
+        if b is None or mine is None or theirs == 0:
+            out[r] = None
+        elif theirs is None:
+            out[r] = Ratio(mine / b.last_step, bound=True) if b.last_step else None
+        else:
+            out[r] = Ratio(mine / theirs, bound=False)
     return out
 
 
@@ -128,10 +141,10 @@ def report(results: list[RunResult], target: float, max_ratio: float, hold: int 
                      f"{r.backend:<7} {r.eval_every:>5} {_step(r.first_step):>9} "
                      f"{_ratio(r, rat):>6} {final:>6} {r.last_step:>6} {r.train_s:>8.0f} "
                      f"{_step(r.held_step):>8} {_ratio(r, held):>6}  {r.run_dir}")  # fmt: skip
-    within = [v is not None and v <= max_ratio for v in rat.values()]
+    within = [v is not None and v.value <= max_ratio for v in rat.values()]
     if not within:
         return [*lines, "no lagged run among these: nothing to compare (pass k>0 runs too)"]
-    held_within = sum(v is not None and v <= max_ratio for v in held.values())
+    held_within = sum(v is not None and v.value <= max_ratio for v in held.values())
     lines.append(f"on the step held for {hold} evaluations: {held_within} of {len(within)} "
                  f"within {max_ratio}x")  # fmt: skip
     lines.append(f"lagged runs reaching {target} within {max_ratio}x the steps of k=0: "
@@ -144,11 +157,12 @@ def _step(step: int | None) -> str:
     return "never" if step is None else str(step)
 
 
-def _ratio(r: RunResult, ratios: dict[RunResult, float | None]) -> str:
-    """Blank for a k = 0 run, ``-`` where no ratio exists."""
+def _ratio(r: RunResult, ratios: dict[RunResult, Ratio | None]) -> str:
+    """Blank for a k = 0 run, ``-`` where no ratio exists, ``<x`` for a bound."""
     if r.lag == 0:
         return ""
-    return "-" if ratios[r] is None else f"{ratios[r]:.2f}"
+    v = ratios[r]
+    return "-" if v is None else ("<" if v.bound else "") + f"{v.value:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,7 +58,7 @@ def test_ratio_pairs_each_lagged_run_with_its_own_seed(tmp_path):
     ]
     got = {(r.algorithm, r.seed): v for r, v in
            lag_learning.ratios([lag_learning.read_run(d, 0.9) for d in runs]).items()}  # fmt: skip
-    assert got == {("grpo", 0): 1.25, ("grpo", 1): 0.5, ("opd", 0): 2.0}
+    assert got == {("grpo", 0): (1.25, False), ("grpo", 1): (0.5, False), ("opd", 0): (2.0, False)}
 
 
 def test_runs_pair_by_learning_rate_and_opd_mode(tmp_path):
@@ -75,7 +75,8 @@ def test_runs_pair_by_learning_rate_and_opd_mode(tmp_path):
         fake_run(tmp_path, "long", 0, 1, {900: 0.9}, algorithm="opd", lr=3e-3, max_steps=1000),
     ]
     results = [lag_learning.read_run(d, 0.9) for d in runs]
-    got = {(r.mode, r.lr, r.max_steps): v for r, v in lag_learning.ratios(results).items()}
+    got = {(r.mode, r.lr, r.max_steps): v and v.value
+           for r, v in lag_learning.ratios(results).items()}  # fmt: skip
     assert got == {("advantage", 3e-3, 500): 1.5, ("advantage", 2e-3, 500): 2.5,
                    ("direct", 3e-3, 500): 3.0, ("advantage", 3e-3, 1000): None}  # fmt: skip
     by_run = {line.split()[-1]: line.split() for line in lag_learning.report(results, 0.9, 2)[1:]}
@@ -124,6 +125,25 @@ def test_held_step_needs_the_target_in_a_row_and_has_its_own_ratio(tmp_path):
     ]
     with pytest.raises(SystemExit, match=r"^lag_learning: --hold 0: give 1 or more"):
         lag_learning.main([*runs, "--hold", "0"])
+
+
+def test_a_lagged_run_that_gets_there_where_k0_never_does_is_within_a_bound(tmp_path):
+    """k = 0 never reaches 0.9 in its 3,000 steps, the lagged run does at 2,000: the ratio is
+    below 2,000 / 3,000, shown ``<0.67`` and counted within; a lagged run that never gets there
+    has no ratio, whatever its twin did."""
+    runs = [
+        fake_run(tmp_path, "s0k0", 0, 0, {1000: 0.8, 3000: 0.75}, steps=3000, max_steps=3000),
+        fake_run(tmp_path, "s0k1", 0, 1, {1000: 0.8, 2000: 0.9, 3000: 0.85}, max_steps=3000),
+        fake_run(tmp_path, "s1k0", 1, 0, {1000: 0.8}, steps=3000, max_steps=3000),
+        fake_run(tmp_path, "s1k1", 1, 1, {1000: 0.8}, max_steps=3000),
+    ]
+    results = [lag_learning.read_run(d, 0.9) for d in runs]
+    got = {r.seed: v for r, v in lag_learning.ratios(results).items()}
+    assert got[0] == (2000 / 3000, True) and got[1] is None
+    lines = lag_learning.report(results, 0.9, 1.25)
+    assert lines[2].split()[7:9] == ["2000", "<0.67"]
+    assert lines[-1] == ("lagged runs reaching 0.9 within 1.25x the steps of k=0: 1 of 2 "
+                         "(target missed)")  # fmt: skip
 
 
 def test_all_within_has_no_miss_note(tmp_path, capsys):
