@@ -76,8 +76,8 @@ SKIPPED = {
     "runs: their teacher is lag_s0_k0's final checkpoint (3,000 steps)",
     "python benchmarks/lag_learning.py outputs/grpo/lag_": "reads the learning check's runs above",
     "python benchmarks/lag_learning.py outputs/opd/lag_opd": "reads the learning check's OPD runs",
-    "python benchmarks/lag_learning.py outputs/grpo/arithmetic_clipped_seed": "reads the seed "
-    "sweeps' runs (the make demo sweep and its lag-1 twin: hours of CPU)",
+    "python benchmarks/lag_learning.py outputs/grpo/arithmetic_clipped_": "reads the seed "
+    "sweeps' runs (the make demo sweeps and their lag-1 twins: hours of CPU)",
     "python benchmarks/seeds.py": "seeds.md's sweeps: each seed a full demo run (hours of CPU in "
     "all); tests/test_seeds_tool.py runs the tool on two seeds x three steps",
     "python benchmarks/heldout_errors.py": "reads the make demo sweep's runs (seeds.md); "
