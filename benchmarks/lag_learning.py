@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from seeds import first_held
+from seeds import first_held, step_text
 
 from posttrain.config.errors import ConfigError
 from posttrain.config.serialize import from_yaml
@@ -75,7 +75,7 @@ def read_run(run_dir: str | Path, target: float, hold: int = 3) -> RunResult:
         lag=cfg.rl.off_policy_lag,
         backend=cfg.placement.backend,
         eval_every=cfg.rl.eval_every,
-        first_step=next((s for s, acc in evals if acc >= target), None),
+        first_step=first_held(evals, target, 1),
         held_step=first_held(evals, target, hold),
         final_accuracy=evals[-1][1] if evals else None,
         last_step=max((int(r["step"]) for r in rows), default=0),
@@ -138,9 +138,9 @@ def report(results: list[RunResult], target: float, max_ratio: float, hold: int 
     for r in results:
         final = "-" if r.final_accuracy is None else f"{r.final_accuracy:.2f}"
         lines.append(f"{r.algorithm:<9} {r.mode:<9} {r.lr:>7g} {r.seed:>4} {r.lag:>2} "
-                     f"{r.backend:<7} {r.eval_every:>5} {_step(r.first_step):>9} "
+                     f"{r.backend:<7} {r.eval_every:>5} {step_text(r.first_step):>9} "
                      f"{_ratio(r, rat):>6} {final:>6} {r.last_step:>6} {r.train_s:>8.0f} "
-                     f"{_step(r.held_step):>8} {_ratio(r, held):>6}  {r.run_dir}")  # fmt: skip
+                     f"{step_text(r.held_step):>8} {_ratio(r, held):>6}  {r.run_dir}")  # fmt: skip
     within = [v is not None and v.value <= max_ratio for v in rat.values()]
     if not within:
         return [*lines, "no lagged run among these: nothing to compare (pass k>0 runs too)"]
@@ -151,10 +151,6 @@ def report(results: list[RunResult], target: float, max_ratio: float, hold: int 
                  f"{sum(within)} of {len(within)}"
                  + ("" if within and all(within) else " (target missed)"))  # fmt: skip
     return lines
-
-
-def _step(step: int | None) -> str:
-    return "never" if step is None else str(step)
 
 
 def _ratio(r: RunResult, ratios: dict[RunResult, Ratio | None]) -> str:

@@ -20,8 +20,9 @@ final evaluation, is marked complete) is not run again; its numbers are read fro
 
 The table: per seed the first evaluation step with the metric >= ``--target`` (``never``), the
 first step from which it stays there for ``--hold`` evaluations in a row (``held x3``: one
-evaluation of 20 held-out problems can pass 0.9 and the next fall to 0.7), the final value, the steps recorded and ``train_s`` (the sum of ``time/step_s``: the steps alone, no
-evaluation or start-up; it depends on the machine's load), then the median and the worst.
+evaluation of 20 held-out problems can pass 0.9 and the next fall to 0.7), the final value, the
+steps recorded and ``train_s`` (the sum of ``time/step_s``: the steps alone, no evaluation or
+start-up; it depends on the machine's load), then the median and the worst.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def read_result(seed: Seed, metric: str, target: float, status: str, hold: int =
     return SeedResult(
         seed=seed.seed,
         status=status,
-        first_step=next((s for s, v in evals if v >= target), None),
+        first_step=first_held(evals, target, 1),
         held_step=first_held(evals, target, hold),
         final=evals[-1][1] if evals and evals[-1][0] == seed.max_steps else None,
         steps=max((int(r["step"]) for r in rows), default=0),
@@ -146,7 +147,8 @@ def sweep(recipe: str, seeds: list[Seed], entry: str, metric: str, target: float
     return [read_result(s, metric, target, status[s.seed], hold) for s in seeds]
 
 
-def _step(step: int | None) -> str:
+def step_text(step: int | None) -> str:
+    """A first step as the tables show it."""
     return "never" if step is None else str(step)
 
 
@@ -161,7 +163,7 @@ def table(results: list[SeedResult], metric: str, target: float, hold: int = 3) 
     held = f"held x{hold}"
     lines = [f"{'seed':>6} {head:>26} {held:>8} {'final':>6} {'steps':>6} {'train_s':>8}  status"]
     for r in results:
-        lines.append(f"{r.seed:>6} {_step(r.first_step):>26} {_step(r.held_step):>8} "
+        lines.append(f"{r.seed:>6} {step_text(r.first_step):>26} {step_text(r.held_step):>8} "
                      f"{_value(r.final):>6} {r.steps:>6} {r.train_s:>8.0f}  {r.status}")  # fmt: skip
     inf = float("inf")
     firsts = [inf if r.first_step is None else r.first_step for r in results]
