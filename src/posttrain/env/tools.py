@@ -30,13 +30,12 @@ written into a system message, and each result comes back as a ``user`` message
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
-
-from transformers.utils import get_json_schema
 
 from posttrain.config.user_code import BuilderError, import_callable
 from posttrain.env.base import EnvironmentSpecError, EnvStep, Message
@@ -68,6 +67,10 @@ class Tool:
 
 def make_tool(fn: Callable[..., Any], where: str | None = None) -> Tool:
     """A :class:`Tool` from a typed, documented function (one-line error if it has no schema)."""
+    # Here, not at the top: the reward role's Ray actor imports this module, and transformers
+    # (~0.5 s of CPU per actor start) only when an environment makes its tools.
+    from transformers.utils import get_json_schema
+
     try:
         schema = get_json_schema(fn)
     except Exception as e:  # transformers raises several types for undocumented/untyped args
@@ -292,13 +295,23 @@ class ToolsEnv:
         return EnvStep(messages=replies, done=False, info=info)
 
 
-#: The built-in calculator, called in the caller's process: it bounds every operation itself.
-CALCULATOR = replace(make_tool(calculator), in_process=True)
+@functools.cache
+def _calculator_tool() -> Tool:
+    return replace(make_tool(calculator), in_process=True)
+
+
+def __getattr__(name: str) -> Tool:
+    """``CALCULATOR``, the built-in calculator called in the caller's process (it bounds every
+    operation itself), made on first use: its schema comes from transformers, which the
+    reward role's actor would otherwise import at every start."""
+    if name == "CALCULATOR":
+        return _calculator_tool()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def calculator_environment(native_tools: bool = True, call_format: CallFormat = "json") -> ToolsEnv:
     """The built-in ``calculator`` environment (``functools.partial`` it to change the mode)."""
-    return ToolsEnv([CALCULATOR], native_tools=native_tools, call_format=call_format)
+    return ToolsEnv([_calculator_tool()], native_tools=native_tools, call_format=call_format)
 
 
 def compact_calculator_environment() -> ToolsEnv:
