@@ -1,4 +1,5 @@
-"""Shared pieces of the multi-turn tests: a tiny tools model folder and test environments."""
+"""Shared pieces of the multi-turn tests: tiny tools model folders and the sampler gap. The
+environments and reward functions runs name by reference are in ``role_fixtures``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from posttrain.env import EnvStep
 from posttrain.env.chat_template import build_tools_tokenizer
 from posttrain.model.tokenizer import save_char_tokenizer
 
@@ -93,61 +93,3 @@ def worst_sampler_gap(model, batch) -> float:
             gap = (full - batch.rollout_logprobs[i, at].double()).abs().max()
             worst = max(worst, float(gap))
     return worst
-
-
-class Chatty:
-    """Answers every assistant turn with a short user turn until ``env.max_turns`` cuts it:
-    every trajectory is multi-turn, whatever a random policy samples. It counts its nudges, a
-    custom info key (published as ``env/nudges_mean``)."""
-
-    info_keys = ("nudges",)
-
-    def reset(self, item):
-        return [{"role": "user", "content": item["prompt"]}]
-
-    def step(self, messages):
-        return EnvStep([{"role": "user", "content": "more"}], info={"nudges": 1})
-
-
-def chatty() -> Chatty:
-    return Chatty()
-
-
-def length_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
-    """A reward that varies within a group (so advantages, and the loss, are not zero)."""
-    return float(len(completion) % 3)
-
-
-class PidChatty(Chatty):
-    """:class:`Chatty` that notes the process it answers turns in, at each step, in the folder
-    ``mt_pids`` of its working directory when there is one (a Ray actor works in its driver's
-    directory, whichever Ray instance it joined). Steps, not resets: preflight resets an
-    environment in the driver to measure its opening prompt, but never steps one."""
-
-    def step(self, messages):
-        import os
-
-        where = Path("mt_pids")
-        if where.is_dir():
-            (where / f"{os.getpid()}").write_text("env")
-        return super().step(messages)
-
-
-def pid_chatty() -> PidChatty:
-    return PidChatty()
-
-
-def some_groups_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
-    """:func:`length_reward` on about half the prompts, 0 on the rest: uninformative groups, so
-    dynamic sampling samples more rounds."""
-    return length_reward(prompt, completion, answer, meta) if len(answer) % 2 else 0.0
-
-
-class ReservedInfo(Chatty):
-    """Declares an info key the driver reserves (preflight refuses it)."""
-
-    info_keys = ("nudges", "turns")
-
-
-def reserved_info() -> ReservedInfo:
-    return ReservedInfo()

@@ -328,10 +328,10 @@ def test_bad_info_key_declarations_fail_in_one_line(keys, line) -> None:
 def test_preflight_refuses_a_reserved_info_key() -> None:
     from posttrain.env import EnvironmentSpecError, check_environment
 
-    check_environment("multiturn_fixtures:chatty")
+    check_environment("role_fixtures:chatty")
     with pytest.raises(EnvironmentSpecError) as e:
-        check_environment("multiturn_fixtures:reserved_info")
+        check_environment("role_fixtures:reserved_info")
     assert str(e.value) == (
-        "environment 'multiturn_fixtures:reserved_info': info key 'turns' is reserved (the "
+        "environment 'role_fixtures:reserved_info': info key 'turns' is reserved (the "
         "driver's own dropped_observations, env_tokens, policy_tokens, reward, truncation, turns); rename it"
     )

@@ -77,7 +77,7 @@ def test_a_dropped_observation_is_warned_once_and_counted(tmp_path, caplog) -> N
     model = build_tools_model(tmp_path / "model")
     cfg = PosttrainConfig(
         model={"name_or_path": str(model)}, rollout={"max_tokens": 6},
-        env={"name": "multiturn_fixtures:chatty", "max_turns": 5, "max_context": 16},
+        env={"name": "role_fixtures:chatty", "max_turns": 5, "max_context": 16},
     )  # fmt: skip
     tok = load_tokenizer(model)
     host = EpisodeHost(cfg, tok)
@@ -93,8 +93,7 @@ def test_a_dropped_observation_is_warned_once_and_counted(tmp_path, caplog) -> N
     warnings = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
     assert len(warnings) == 1
     assert (
-        "environment 'multiturn_fixtures:chatty' on item 0 turn 1: the environment's "
-        in (warnings[0])
+        "environment 'role_fixtures:chatty' on item 0 turn 1: the environment's " in (warnings[0])
     )
     assert "did not fit max_context=16" in warnings[0]
     assert "raise env.max_context" in warnings[0]

@@ -32,17 +32,13 @@ def tiny(tmp_path_factory):
     return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
 
 
-def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
-    return float(sum(c.isdigit() for c in completion))
-
-
 def opts_for(root: Path, model: Path, **extra) -> list[str]:
     opts = {
         "job.output_root": str(root), "model.name_or_path": str(model), "data.train_size": 40,
         "data.val_size": 4, "data.prompts_per_step": 2, "rollout.n": 4, "rollout.max_tokens": 3,
         "rl.lr": 0.01, "rl.max_steps": STEPS, "rl.save_every": 0, "rl.eval_every": 0,
         "rl.micro_batch_size": 8, "logging.progress": False,
-        "reward.functions": "[test_export_final:digit_reward]", **extra,
+        "reward.functions": "[role_fixtures:digit_reward]", **extra,
     }  # fmt: skip
     return [f"{k}={v}" for k, v in opts.items()]
 

@@ -45,10 +45,6 @@ FSDP = {
 }
 
 
-def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
-    return float(sum(c.isdigit() for c in completion))
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
@@ -63,7 +59,7 @@ def opts_for(root: Path, tiny: Path, **extra) -> list[str]:
         "data.prompts_per_step": 4,
         "rollout.n": 4,
         "rollout.max_tokens": 3,
-        "reward.functions": "[test_fsdp_ray:digit_reward]",
+        "reward.functions": "[role_fixtures:digit_reward]",
         "rl.lr": 0.01,
         "rl.grpo_surrogate": "clipped",
         "rl.kl_beta": 0.1,

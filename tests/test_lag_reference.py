@@ -173,13 +173,8 @@ def test_one_update_per_batch_runs_no_pi_old_forward(minis, forwards, collected,
 # -- a whole run -------------------------------------------------------------------------------
 
 
-def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
-    """Varies across an untrained model's samples, so the updates move the weights."""
-    return float(sum(c.isdigit() for c in completion))
-
-
 def _run(tiny_dir: Path, root: Path, where: str) -> tuple[list[dict], dict]:
-    opts = ["reward.functions=[test_lag_reference:digit_reward]",f"model.name_or_path={tiny_dir}", f"job.output_root={root}", "rl.max_steps=3",
+    opts = ["reward.functions=[role_fixtures:digit_reward]",f"model.name_or_path={tiny_dir}", f"job.output_root={root}", "rl.max_steps=3",
             "rl.grpo_surrogate=clipped", "rl.kl_beta=0.1", "rl.lr=0.01", "data.train_size=40",
             "data.val_size=4", "data.prompts_per_step=4", "rollout.n=4", "rollout.max_tokens=6",
             "rl.micro_batch_size=4", "rl.eval_every=0", "rl.save_every=3",

@@ -28,11 +28,6 @@ from posttrain.model.tiny import build_tiny_model  # noqa: E402
 STEPS = 4
 
 
-def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
-    """Varies across an untrained model's samples, so the updates move the weights."""
-    return float(sum(c.isdigit() for c in completion))
-
-
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
@@ -42,7 +37,7 @@ def train(root: Path, model: Path, where: str) -> dict:
     opts = {
         "job.output_root": str(root), "model.name_or_path": str(model),
         "data.train_size": 60, "data.val_size": 4, "data.prompts_per_step": 4, "rollout.n": 4,
-        "rollout.max_tokens": 4, "reward.functions": "[test_lag_reference_ray:digit_reward]",
+        "rollout.max_tokens": 4, "reward.functions": "[role_fixtures:digit_reward]",
         "rl.grpo_surrogate": "clipped", "rl.kl_beta": 0.1, "rl.lr": 0.01, "rl.max_steps": STEPS,
         "rl.save_every": 2, "rl.eval_every": 0, "rl.micro_batch_size": 4,
         "logging.progress": False, "placement.backend": "ray", "placement.cpus_per_role": 0.5,

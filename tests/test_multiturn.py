@@ -34,7 +34,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def _config(model_dir: Path, **env) -> PosttrainConfig:
-    env = {"name": "multiturn_fixtures:chatty", "max_turns": 3, "max_context": 120, **env}
+    env = {"name": "role_fixtures:chatty", "max_turns": 3, "max_context": 120, **env}
     return PosttrainConfig(
         model={"name_or_path": str(model_dir)}, rollout={"max_tokens": 6, "n": 2}, env=env
     )
@@ -244,9 +244,9 @@ def _run(tmp: Path, model_dir: Path, name: str, **extra):
         "job.name": name, "job.output_root": str(tmp / "out"), "model.name_or_path": str(model_dir),
         "data.train_size": 16, "data.val_size": 4, "data.prompts_per_step": 2, "rollout.n": 4,
         "rollout.max_tokens": 6, "rl.max_steps": 2, "rl.save_every": 2, "rl.eval_every": 2,
-        "rl.micro_batch_size": 8, "logging.progress": False, "env.name": "multiturn_fixtures:chatty",
+        "rl.micro_batch_size": 8, "logging.progress": False, "env.name": "role_fixtures:chatty",
         "env.max_turns": 3, "env.max_context": 120,
-        "reward.functions": "[multiturn_fixtures:length_reward]", **extra,
+        "reward.functions": "[role_fixtures:length_reward]", **extra,
     }  # fmt: skip
     opts = [f"{k}={v}" for k, v in opts.items()]
     config = load_config("arithmetic", ["--", *opts])
@@ -324,7 +324,7 @@ def test_max_context_beyond_the_model_positions_is_one_line(model_dir) -> None:
 
 def test_dynamic_sampling_keeps_multiturn_rows_and_columns_aligned(tmp_path, model_dir) -> None:
     knobs = {"rl.dynamic_sampling": "true", "rl.max_sampling_rounds": 4,
-             "reward.functions": "[multiturn_fixtures:some_groups_reward]"}  # fmt: skip
+             "reward.functions": "[role_fixtures:some_groups_reward]"}  # fmt: skip
     steps = [r for r in _run(tmp_path, model_dir, "mt-dyn", **knobs) if "train/loss" in r]
     assert len(steps) == 2 and all("train/env/turns_mean" in r for r in steps)
     assert all(0 < r["train/env/nudges_mean"] <= r["train/env/turns_mean"] for r in steps)
@@ -342,7 +342,7 @@ def test_opd_trains_on_multiturn_trajectories(tmp_path, model_dir) -> None:
         "teacher.name_or_path": str(teacher), "data.train_size": 16, "data.val_size": 4,
         "data.prompts_per_step": 2, "rollout.n": 4, "rollout.max_tokens": 6, "rl.max_steps": 2,
         "rl.save_every": 2, "rl.eval_every": 2, "rl.micro_batch_size": 8,
-        "logging.progress": False, "env.name": "multiturn_fixtures:chatty", "env.max_turns": 3,
+        "logging.progress": False, "env.name": "role_fixtures:chatty", "env.max_turns": 3,
         "env.max_context": 120, "rl.distillation_mode": "advantage",
     }  # fmt: skip
     opts = [f"{k}={v}" for k, v in opts.items()]

@@ -33,8 +33,8 @@ def _run(root: Path, model: Path, name: str, **extra) -> list[dict]:
         "data.train_size": 16, "data.val_size": 4, "data.prompts_per_step": 2, "rollout.n": 4,
         "rollout.max_tokens": 6, "rl.max_steps": 2, "rl.save_every": 2, "rl.eval_every": 2,
         "rl.micro_batch_size": 8, "logging.progress": False,
-        "env.name": "multiturn_fixtures:pid_chatty", "env.max_turns": 3, "env.max_context": 120,
-        "reward.functions": "[multiturn_fixtures:length_reward]", **extra,
+        "env.name": "role_fixtures:pid_chatty", "env.max_turns": 3, "env.max_context": 120,
+        "reward.functions": "[role_fixtures:length_reward]", **extra,
     }  # fmt: skip
     opts = [f"{k}={v}" for k, v in opts.items()]
     config = load_config("arithmetic", ["--", *opts])

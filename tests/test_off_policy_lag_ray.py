@@ -42,14 +42,6 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
 
 
-def slow_digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
-    """Varies across an untrained model's samples; in the driver that is killed, slow enough
-    that a step lasts ~0.5 s, so the kill lands mid-run (the value never depends on it)."""
-    if os.environ.get("LAG_TEST_SLOW_REWARD"):
-        time.sleep(0.03)
-    return float(sum(c.isdigit() for c in completion))
-
-
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
@@ -59,7 +51,7 @@ def opts_for(root: Path, model: Path, **extra) -> list[str]:
     opts = {
         "job.output_root": str(root), "model.name_or_path": str(model),
         "data.train_size": 60, "data.val_size": 4, "data.prompts_per_step": 4, "rollout.n": 4,
-        "rollout.max_tokens": 3, "reward.functions": "[test_off_policy_lag_ray:slow_digit_reward]",
+        "rollout.max_tokens": 3, "reward.functions": "[role_fixtures:slow_digit_reward]",
         "rl.grpo_surrogate": "clipped", "rl.lr": 0.01, "rl.max_steps": STEPS,
         "rl.save_every": 3, "rl.eval_every": 3, "rl.micro_batch_size": 4,
         "logging.progress": False, "placement.backend": "ray", "placement.cpus_per_role": 0.5,

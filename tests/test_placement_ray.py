@@ -36,11 +36,6 @@ STEPS = 3
 RAY = {"placement.backend": "ray", "placement.cpus_per_role": 0.5}
 
 
-def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
-    """Varies across an untrained model's samples, so every step has non-zero advantages."""
-    return float(sum(c.isdigit() for c in completion))
-
-
 def recording_builder(record_dir: str, rl, ctx):
     """Builds the normal objective and notes, from inside the policy process, what it sees."""
     import torch.distributed as dist
@@ -71,7 +66,7 @@ def opts_for(root: Path, model: Path, **extra) -> list[str]:
         "data.prompts_per_step": 4,
         "rollout.n": 4,
         "rollout.max_tokens": 3,
-        "reward.functions": "[test_placement_ray:digit_reward]",
+        "reward.functions": "[role_fixtures:digit_reward]",
         "rl.lr": 0.01,
         "rl.max_steps": STEPS,
         "rl.save_every": STEPS,

@@ -17,11 +17,6 @@ from posttrain.entrypoints import grpo
 from posttrain.model.tiny import build_tiny_model
 
 
-def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
-    """Varies across an untrained model's samples, so the updates move the weights."""
-    return float(sum(c.isdigit() for c in completion))
-
-
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
@@ -31,7 +26,7 @@ def opts_for(root: Path, model: Path, steps: int, **extra) -> list[str]:
     opts = {
         "job.output_root": str(root), "model.name_or_path": str(model),
         "data.train_size": 60, "data.val_size": 4, "data.prompts_per_step": 4, "rollout.n": 4,
-        "rollout.max_tokens": 4, "reward.functions": "[test_reference_reset:digit_reward]",
+        "rollout.max_tokens": 4, "reward.functions": "[role_fixtures:digit_reward]",
         "rl.grpo_surrogate": "clipped", "rl.kl_beta": 0.1, "rl.lr": 0.01, "rl.max_steps": steps,
         "rl.save_every": 1, "rl.eval_every": 0, "rl.micro_batch_size": 4,
         "logging.progress": False, "checkpoint.keep_last": 9, "rl.reference_reset_every": 2,

@@ -19,10 +19,6 @@ REPO = Path(__file__).resolve().parents[1]
 RUN = Path("grpo") / "edges"
 
 
-def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
-    return float(sum(c.isdigit() for c in completion))
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
@@ -34,7 +30,7 @@ def grpo(cwd: Path, tiny: Path, steps: int) -> subprocess.CompletedProcess:
         "data.train_size": 40, "data.val_size": 4, "data.prompts_per_step": 2, "rollout.n": 4,
         "rollout.max_tokens": 3, "rl.lr": 0.01, "rl.max_steps": steps, "rl.save_every": 1,
         "rl.eval_every": 2, "rl.micro_batch_size": 8, "logging.progress": False,
-        "reward.functions": "[test_resume_edges:digit_reward]",
+        "reward.functions": "[role_fixtures:digit_reward]",
     }  # fmt: skip
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO / 'tests'}"}
     cmd = [sys.executable, "-m", "posttrain.entrypoints.grpo", "--config", "arithmetic", "--"]

@@ -42,10 +42,6 @@ LOCAL = {"placement.backend": "local"}  # the Ray knobs are refused there: left 
 PLACEMENTS = [(FSDP, 2), (FSDP, 1), (LOCAL, 1), (REPLICATED, 2)]
 
 
-def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
-    return float(sum(c.isdigit() for c in completion))
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
@@ -55,7 +51,7 @@ def overrides(cwd: Path, tiny: Path, ray: str, steps: int, placement: dict, rank
     opts = {
         "job.name": "reshard", "job.output_root": str(cwd), "model.name_or_path": str(tiny),
         "data.train_size": 60, "data.val_size": 4, "data.prompts_per_step": 4, "rollout.n": 4,
-        "rollout.max_tokens": 3, "reward.functions": "[test_resume_reshard:digit_reward]",
+        "rollout.max_tokens": 3, "reward.functions": "[role_fixtures:digit_reward]",
         "rl.lr": 0.01, "rl.max_steps": steps, "rl.save_every": 1, "rl.eval_every": 0,
         "checkpoint.keep_last": 10,
         "rl.micro_batch_size": 3, "rl.mini_batch_per_replica": 2, "logging.progress": False,

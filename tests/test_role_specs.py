@@ -188,14 +188,9 @@ def tiny_dir(tmp_path_factory):
     return build_tiny_model("tiny", tmp_path_factory.mktemp("m") / "tiny", seed=0)
 
 
-def digit_reward(prompt: str, completion: str, answer: str, meta: dict) -> float:
-    """Varies across an untrained model's samples, so every step moves the weights."""
-    return float(sum(c.isdigit() for c in completion))
-
-
 def _opts(root: Path, model: Path, **extra) -> list[str]:
     opts = {
-        "reward.functions": "[test_role_specs:digit_reward]",
+        "reward.functions": "[role_fixtures:digit_reward]",
         "job.output_root": str(root), "model.name_or_path": str(model), "data.train_size": 40,
         "data.val_size": 4, "data.prompts_per_step": 2, "rollout.n": 2, "rollout.max_tokens": 3,
         "rl.max_steps": STEPS, "rl.save_every": STEPS, "rl.eval_every": 0,

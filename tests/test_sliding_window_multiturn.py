@@ -27,7 +27,7 @@ def test_sliding_window_logprobs_equal_a_full_sequence_recompute(tmp_path) -> No
     model_dir = build_sliding_tools_model(tmp_path / "model", window=4)
     cfg = PosttrainConfig(
         model={"name_or_path": str(model_dir)}, rollout={"max_tokens": 6, "n": 2},
-        env={"name": "multiturn_fixtures:chatty", "max_turns": 3, "max_context": 120},
+        env={"name": "role_fixtures:chatty", "max_turns": 3, "max_context": 120},
     )  # fmt: skip
     model, tok = load_policy(str(model_dir), None, "float32", "cpu")
     assert attention_windows(model.config) == {"sliding_attention": 4, "full_attention": None}

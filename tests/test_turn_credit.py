@@ -198,7 +198,7 @@ def test_turn_credit_without_an_environment_is_refused_in_one_line() -> None:
 
 
 def test_turn_credit_with_the_sequence_level_ratio_is_refused_in_one_line(model_dir) -> None:
-    env = {"name": "multiturn_fixtures:chatty", "max_turns": 3, "max_context": 120}
+    env = {"name": "role_fixtures:chatty", "max_turns": 3, "max_context": 120}
     rl = {"credit": "turn", "importance_sampling_level": "sequence", "epsilon_low": 3e-4,
           "epsilon_high": 4e-4, "mini_batch_per_replica": 2}  # fmt: skip
     lines = _violations(model={"name_or_path": str(model_dir)}, env=env, rl=rl)

@@ -34,7 +34,7 @@ MULTI_TURN = {
     "rollout.max_tokens": 6, "rl.max_steps": 3, "rl.save_every": 3, "rl.eval_every": 3,
     "rl.micro_batch_size": 8, "logging.progress": False, "rollout.engine": "vllm",
     "rollout.dtype": "float32", "placement.backend": "ray", "placement.cpus_per_role": 0.5,
-    "env.name": "multiturn_fixtures:chatty", "env.max_turns": 3, "env.max_context": 120,
+    "env.name": "role_fixtures:chatty", "env.max_turns": 3, "env.max_context": 120,
 }  # fmt: skip
 
 
@@ -66,7 +66,7 @@ def test_a_lagged_multi_turn_ray_run_samples_with_vllm_on_the_data_side(tmp_path
     rows = _run(grpo, "arithmetic", {
         **MULTI_TURN, "job.output_root": tmp_path / "out", "model.name_or_path": folder,
         "rl.grpo_surrogate": "clipped", "rl.off_policy_lag": 1,
-        "reward.functions": "[multiturn_fixtures:length_reward]",
+        "reward.functions": "[role_fixtures:length_reward]",
         "rl.lr": 0.01, "rl.entropy_coef": 0.1,  # a gradient whatever the rewards
     })  # fmt: skip
     steps = [r for r in rows if "train/loss" in r]
