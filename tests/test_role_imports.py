@@ -25,6 +25,8 @@ loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("transformers", "p
 assert not loaded, loaded[:5]
 assert "posttrain.placement.roles" not in sys.modules
 assert "role_fixtures" in sys.modules  # the reward function was resolved here
+from transformers.utils import logging  # what a model role loads after the host's start
+assert not logging.is_progress_bar_enabled()  # the host turned the loading bars off
 """
 
 
