@@ -1,5 +1,5 @@
-"""rollout.engine=vllm on a Ray rollout actor: GRPO on a multi-turn environment on the data side
-of rl.off_policy_lag=1, and OPD on a multi-turn environment.
+"""rollout.engine=vllm on a Ray rollout actor: OPD on a multi-turn environment, on the data side
+of rl.off_policy_lag=1.
 
 The rollout role's actor starts the vLLM process itself (the same child process as under local
 placement) and takes the policy's full weights after every update through Ray; the
@@ -8,7 +8,9 @@ ids. Where a step samples with the weights the trainer scores π_old with, vLLM'
 the trainer's forward within the float32 bound of tests/test_vllm_engine.py; under the lag later
 steps were sampled one update earlier (staleness 1) and the gap is the policy's own change,
 which the importance weight corrects. No vLLM process outlives a run (Ray ends actors without
-their atexit). Kept to two short runs: Ray actors and a vLLM start are most of their time.
+their atexit). Kept to one short run (GRPO with vLLM is tests/test_vllm_engine.py's, on Ray
+without vLLM tests/test_off_policy_lag_ray.py's): Ray actors and a vLLM start are most of its
+time.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from multiturn_fixtures import build_tools_model  # noqa: E402
 from test_vllm_engine import LOGPROB_BOUND, _need_vllm, vllm_processes  # noqa: E402
 
 from posttrain.config import load_config  # noqa: E402
-from posttrain.entrypoints import grpo, opd  # noqa: E402
+from posttrain.entrypoints import opd  # noqa: E402
 from posttrain.model.loading import load_policy  # noqa: E402
 
 #: A multi-turn run on the tools model (head size 32: vLLM's CPU attention takes it), on Ray.
@@ -60,43 +62,29 @@ def _run(entry, recipe: str, opts: dict) -> list[dict]:
     return [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").open()]
 
 
-def test_a_lagged_multi_turn_ray_run_samples_with_vllm_on_the_data_side(tmp_path, ray_cluster):
-    _need_vllm()
-    folder = build_tools_model(tmp_path / "model", heads=1)
-    rows = _run(grpo, "arithmetic", {
-        **MULTI_TURN, "job.output_root": tmp_path / "out", "model.name_or_path": folder,
-        "rl.grpo_surrogate": "clipped", "rl.off_policy_lag": 1,
-        "reward.functions": "[role_fixtures:length_reward]",
-        "rl.lr": 0.01, "rl.entropy_coef": 0.1,  # a gradient whatever the rewards
-    })  # fmt: skip
-    steps = [r for r in rows if "train/loss" in r]
-    assert [r["train/offpolicy/staleness"] for r in steps] == [0.0, 1.0, 1.0]
-    assert all(r["train/env/turns_mean"] > 1 and r["train/env/env_tokens_mean"] > 0 for r in steps)
-    gaps = [r["train/rollout/logprob_abs_diff_max"] for r in steps]
-    print(f"multi-turn vLLM on a Ray rollout actor, lag 1: logprob_abs_diff_max {gaps}")
-    assert gaps[0] <= LOGPROB_BOUND  # sampled with the weights π_old is scored with
-    assert all(g > 100 * LOGPROB_BOUND for g in gaps[1:])  # a step older: the policy moved
-    full = sum(p.numel() * 4 for p in load_policy(folder)[0].parameters())
-    assert all(r["sync/bytes"] == full for r in steps)
-    assert "val/accuracy" in rows[-1] and "val/env/turns_mean" in rows[-1]
-
-
-def test_opd_on_ray_samples_multi_turn_trajectories_with_vllm(tmp_path, ray_cluster):
-    """OPD (a teacher actor scoring the student's samples) on a multi-turn environment: every
-    step is sampled with the weights π_old is scored with, so the trainer's forward of the
-    whole trajectories agrees with vLLM's log-probs within the bound every step."""
+def test_a_lagged_multi_turn_opd_run_on_ray_samples_with_vllm_on_the_data_side(
+    tmp_path, ray_cluster
+):
+    """OPD (a teacher actor scoring the student's samples) on a multi-turn environment with
+    rl.off_policy_lag=1: step 1 is sampled with the weights π_old is scored with, so the
+    trainer's forward of the whole trajectories agrees with vLLM's log-probs within the bound;
+    later steps were sampled one update earlier and the gap is the policy's own change. Every
+    step's sync sends the full weights; no vLLM process outlives the run."""
     _need_vllm()
     student = build_tools_model(tmp_path / "student", heads=1)
     teacher = build_tools_model(tmp_path / "teacher", seed=1, heads=1)
     rows = _run(opd, "opd_arithmetic", {
         **MULTI_TURN, "job.output_root": tmp_path / "out", "model.name_or_path": student,
-        "teacher.name_or_path": teacher, "rl.max_steps": 2, "rl.save_every": 2,
-        "rl.eval_every": 2, "rl.distillation_mode": "advantage",
+        "teacher.name_or_path": teacher, "rl.distillation_mode": "advantage",
+        "rl.off_policy_lag": 1, "rl.lr": 0.01,
     })  # fmt: skip
     steps = [r for r in rows if "train/opd/reverse_kl" in r]
-    assert len(steps) == 2
+    assert [r["train/offpolicy/staleness"] for r in steps] == [0.0, 1.0, 1.0]
     assert all(r["train/env/turns_mean"] > 1 and r["train/env/env_tokens_mean"] > 0 for r in steps)
-    worst = [r["train/rollout/logprob_abs_diff_max"] for r in steps]
-    print(f"OPD multi-turn with vLLM on Ray: logprob_abs_diff_max {worst}")
-    assert all(0 <= w <= LOGPROB_BOUND for w in worst)
+    gaps = [r["train/rollout/logprob_abs_diff_max"] for r in steps]
+    print(f"multi-turn OPD with vLLM on a Ray rollout actor, lag 1: logprob_abs_diff_max {gaps}")
+    assert 0 <= gaps[0] <= LOGPROB_BOUND  # sampled with the weights π_old is scored with
+    assert all(g > 100 * LOGPROB_BOUND for g in gaps[1:])  # a step older: the policy moved
+    full = sum(p.numel() * 4 for p in load_policy(student)[0].parameters())
+    assert all(r["sync/bytes"] == full for r in steps)
     assert "val/env/turns_mean" in rows[-1]
