@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
+import gloo_ranks
 import pytest
 import torch
 
@@ -17,30 +15,10 @@ from dp_cases import CASES, full_batch, reference, shard
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp")
-    port = str(free_port())
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(SCRIPTS / "dp_worker.py"), str(r), "2", port, str(out)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    logs = [p.communicate(timeout=180)[0] for p in procs]
-    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        assert p.returncode == 0, f"rank {r} failed:\n{log}"
+    gloo_ranks.run(SCRIPTS / "dp_worker.py", [str(out)], 2, 180)
     return out, [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
 

@@ -1,4 +1,4 @@
-"""One data-parallel rank (gloo, CPU): ``python dp_worker.py RANK WORLD PORT OUT_DIR``.
+"""One data-parallel rank (gloo, CPU): ``python dp_worker.py RANK WORLD STORE OUT_DIR``.
 
 Trains every case of dp_cases.py on this rank's shard and saves the resulting parameters,
 gradients and losses to OUT_DIR/rank{RANK}.pt; then writes and reloads a two-rank checkpoint.
@@ -6,7 +6,6 @@ gradients and losses to OUT_DIR/rank{RANK}.pt; then writes and reloads a two-ran
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -25,9 +24,8 @@ from posttrain.trainer import CheckpointManager  # noqa: E402
 
 
 def main() -> None:
-    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     results = {}
     trainer = None
     for name, case in CASES.items():

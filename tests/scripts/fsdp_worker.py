@@ -1,4 +1,4 @@
-"""One policy rank of FSDP tests: ``python fsdp_worker.py RANK WORLD PORT JOBS_JSON``.
+"""One policy rank of FSDP tests: ``python fsdp_worker.py RANK WORLD STORE JOBS_JSON``.
 
 Each job says which model folder to train, ``sharding`` (none / fsdp), how many steps of the
 real GRPO objective on synthetic batches (dispatched to ranks as Ray placement does), and

@@ -1,10 +1,10 @@
-"""The rank side of ``tests/gloo_ranks.py``: ``python WORKER.py RANK WORLD PORT JSON`` joins a
-gloo process group and runs each job of the JSON list with the worker's ``run_job``."""
+"""The rank side of ``tests/gloo_ranks.py``: ``python WORKER.py RANK WORLD STORE JSON`` joins a
+gloo process group through the rendezvous file STORE and runs each job of the JSON list with the
+worker's ``run_job``."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable
 
@@ -12,9 +12,8 @@ import torch.distributed as dist
 
 
 def serve(run_job: Callable[[dict, int, int], None]) -> None:
-    rank, world, port, spec = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rank, world, store, spec = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     for job in json.loads(spec):
         run_job(job, rank, world)
     dist.destroy_process_group()

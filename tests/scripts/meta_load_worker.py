@@ -1,4 +1,4 @@
-"""One rank of the meta-device loading test: ``python meta_load_worker.py RANK WORLD PORT JSON``.
+"""One rank of the meta-device loading test: ``python meta_load_worker.py RANK WORLD STORE JSON``.
 
 For each job it builds the policy as a sharded rank does (``skeleton``: rank > 0 builds the
 model on the meta device and receives its shards from rank 0; otherwise every rank loads the
