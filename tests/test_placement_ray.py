@@ -1,9 +1,9 @@
 """Ray placement on the local 2-CPU Ray instance the test session shares (tests/conftest.py).
 
 The arithmetic recipe for three steps in-process and on Ray with two policy ranks: the same
-rewards and the same parameters. Builders and reward functions below are at module
-scope so the actors import them by name (this file's directory reaches them through the
-PYTHONPATH the placement hands its workers).
+rewards and the same parameters. The builders below are at module scope so the actors import
+them by name, as the reward actor imports ``role_fixtures``'s reward function (this file's
+directory reaches both through the PYTHONPATH the placement hands its workers).
 """
 
 from __future__ import annotations
