@@ -18,14 +18,15 @@ torch.set_num_threads(1)
 
 import torch.distributed as dist  # noqa: E402
 from dp_cases import CASES, full_batch, shard, train  # noqa: E402
+from gloo_worker import join  # noqa: E402
 from trainer_support import TinyCausalLM  # noqa: E402
 
 from posttrain.trainer import CheckpointManager  # noqa: E402
 
 
 def main() -> None:
-    rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    rank, world = join()
+    out = Path(sys.argv[4])
     results = {}
     trainer = None
     for name, case in CASES.items():

@@ -68,7 +68,7 @@ class Tool:
 def make_tool(fn: Callable[..., Any], where: str | None = None) -> Tool:
     """A :class:`Tool` from a typed, documented function (one-line error if it has no schema)."""
     # Here, not at the top: the reward role's Ray actor imports this module, and transformers
-    # (~0.5 s of CPU per actor start) only when an environment makes its tools.
+    # (~0.2 s of CPU per actor start, benchmarks/role_start.py) only when an environment makes its tools.
     from transformers.utils import get_json_schema
 
     try:

@@ -71,7 +71,7 @@ class RoleHost:
         torch.set_num_threads(threads)
         # Per-file loading bars from every actor are noise. Said through the variable that
         # transformers and the hub read when they load: the reward actor never loads transformers
-        # (~0.5 s of CPU per actor start), the model roles load it after this.
+        # (~0.2 s of CPU per actor start), the model roles load it after this.
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
         # Relative paths in the config (model folder, outputs) mean the same as on the driver.
         if os.path.isdir(cwd):
