@@ -14,6 +14,9 @@ over a noisy curve (one evaluation of 20 held-out problems can reach 0.9 and the
 ``--hold`` evaluations in a row (``held``), its ratio, and a second count on that ratio; the
 verdict stays the first step's. Where the ``k = 0`` run never gets there and its twin does, the
 ratio is a bound, ``<`` the twin's step over the last step ``k = 0`` recorded, and counts as within.
+What the verdict can resolve is printed with it: the chance that a pair passes if the lag cost
+nothing at all (``chance``: the first steps of all the runs given, pooled as draws of one
+distribution), and so that every pair does.
 ``train_s`` is the sum of ``time/step_s`` (the steps alone: no evaluation, no start-up), which
 depends on the machine's load. docs/guides/async.md ("Learning under a lag") has the measured
 table and the commands that made the runs.
@@ -127,6 +130,34 @@ def _name(r: RunResult) -> str:
     return f"{r.algorithm}{mode} seed {r.seed} lr {r.lr:g} {r.max_steps} steps"
 
 
+def chance(results: list[RunResult], max_ratio: float) -> list[tuple[str, int, float, int]]:
+    """What the verdict can resolve: if a lag cost nothing, a lagged run's first step would be
+    drawn like a ``k = 0`` run's, so the chance that one pair is within ``max_ratio`` is the
+    share of ordered pairs ``(i, j)`` of distinct runs (every lag, pooled over the seeds given)
+    with ``step_j <= max_ratio * step_i``; a run that never got there counts as infinitely
+    late. Per pairing group (algorithm, mode, learning rate, max steps) with a lagged run:
+    ``(name, runs pooled, chance per pair, lagged runs)``; ``p ** lagged`` is then the chance
+    that every pair passes with no cost at all."""
+    groups: dict[tuple, list[RunResult]] = {}
+    for r in results:
+        groups.setdefault(_pair(r)[:2] + _pair(r)[3:], []).append(r)
+    out = []
+    for runs in groups.values():
+        lagged = sum(r.lag > 0 for r in runs)
+        if not lagged or len(runs) < 2:
+            continue
+        steps = [r.first_step for r in runs]
+        hits = sum(
+            b is not None and (a is None or b <= max_ratio * a)
+            for i, a in enumerate(steps)
+            for j, b in enumerate(steps)
+            if i != j
+        )
+        name = _name(runs[0]).replace(f" seed {runs[0].seed}", "")
+        out.append((name, len(runs), hits / (len(runs) * (len(runs) - 1)), lagged))
+    return out
+
+
 def report(results: list[RunResult], target: float, max_ratio: float, hold: int = 3) -> list[str]:
     """The table, one line per run (k = 0 before its lagged twins), the count on the held step,
     then the verdict (on the first step)."""
@@ -177,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"lag_learning: --hold {args.hold}: give 1 or more evaluations in a row")
     results = [read_run(d, args.target, args.hold) for d in args.runs]
     print("\n".join(report(results, args.target, args.max_ratio, args.hold)))
+    for name, pooled, p, lagged in chance(results, args.max_ratio):
+        print(f"if the lag cost nothing ({name}: {pooled} runs' first steps pooled): a pair "
+              f"within {args.max_ratio}x with chance {p:.2f}, {lagged} of {lagged} with "
+              f"{p**lagged:.2f}")  # fmt: skip
     return 0
 
 

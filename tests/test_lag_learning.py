@@ -149,7 +149,7 @@ def test_a_lagged_run_that_gets_there_where_k0_never_does_is_within_a_bound(tmp_
 def test_all_within_has_no_miss_note(tmp_path, capsys):
     runs = [fake_run(tmp_path, "k0", 0, 0, {400: 0.9}), fake_run(tmp_path, "k1", 0, 1, {300: 0.9})]
     assert lag_learning.main(runs) == 0
-    assert capsys.readouterr().out.splitlines()[-1].endswith("k=0: 1 of 1")
+    assert capsys.readouterr().out.splitlines()[-2].endswith("k=0: 1 of 1")
 
 
 def test_not_a_run_directory_is_one_line(tmp_path):
@@ -178,3 +178,26 @@ def test_without_a_lagged_run_the_verdict_says_so(tmp_path):
     lines = lag_learning.report([lag_learning.read_run(fake_run(tmp_path, "k0", 0, 0, {4: 0.9}),
                                                        0.9)], 0.9, 1.25)  # fmt: skip
     assert lines[-1] == "no lagged run among these: nothing to compare (pass k>0 runs too)"
+
+
+def test_chance_pools_first_steps_as_draws_of_one_distribution(tmp_path, capsys):
+    """Steps 400, 500, 200, 100 and one run that never gets there: of the 20 ordered pairs
+    (i, j), j within 1.25x of i on 11 (hand-counted: from 400 three, from 500 three, from 200
+    one (100), from 100 none, from never all four; never itself none)."""
+    runs = [
+        fake_run(tmp_path, "s0k0", 0, 0, {400: 0.9}),
+        fake_run(tmp_path, "s0k1", 0, 1, {500: 0.9}),
+        fake_run(tmp_path, "s1k0", 1, 0, {200: 0.9}),
+        fake_run(tmp_path, "s1k1", 1, 1, {100: 0.9}),
+        fake_run(tmp_path, "s2k1", 2, 1, {100: 0.5}),
+        fake_run(tmp_path, "opd", 0, 0, {25: 0.9}, algorithm="opd"),  # no lagged twin: no group
+    ]
+    results = [lag_learning.read_run(d, 0.9) for d in runs]
+    [(name, pooled, p, lagged)] = lag_learning.chance(results, 1.25)
+    assert (name, pooled, lagged) == ("grpo lr 0.001 500 steps", 5, 3)
+    assert p == pytest.approx(11 / 20)
+    assert lag_learning.main(runs) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "if the lag cost nothing (grpo lr 0.001 500 steps: 5 runs' first steps pooled): a pair "
+        "within 1.25x with chance 0.55, 3 of 3 with 0.17"
+    )
