@@ -125,9 +125,14 @@ def _pair(r: RunResult) -> tuple:
     return (r.algorithm, r.mode, r.seed, r.lr, r.max_steps)
 
 
-def _name(r: RunResult) -> str:
+def _group(r: RunResult) -> tuple:
+    """What a pair shares but the seed: the runs ``chance`` pools."""
+    return (r.algorithm, r.mode, r.lr, r.max_steps)
+
+
+def _name(r: RunResult, seed: bool = True) -> str:
     mode = "" if r.mode == "-" else f" {r.mode}"
-    return f"{r.algorithm}{mode} seed {r.seed} lr {r.lr:g} {r.max_steps} steps"
+    return f"{r.algorithm}{mode}{f' seed {r.seed}' if seed else ''} lr {r.lr:g} {r.max_steps} steps"
 
 
 def chance(results: list[RunResult], max_ratio: float) -> list[tuple[str, int, float, int]]:
@@ -140,7 +145,7 @@ def chance(results: list[RunResult], max_ratio: float) -> list[tuple[str, int, f
     that every pair passes with no cost at all."""
     groups: dict[tuple, list[RunResult]] = {}
     for r in results:
-        groups.setdefault(_pair(r)[:2] + _pair(r)[3:], []).append(r)
+        groups.setdefault(_group(r), []).append(r)
     out = []
     for runs in groups.values():
         lagged = sum(r.lag > 0 for r in runs)
@@ -153,8 +158,9 @@ def chance(results: list[RunResult], max_ratio: float) -> list[tuple[str, int, f
             for j, b in enumerate(steps)
             if i != j
         )
-        name = _name(runs[0]).replace(f" seed {runs[0].seed}", "")
-        out.append((name, len(runs), hits / (len(runs) * (len(runs) - 1)), lagged))
+        out.append(
+            (_name(runs[0], seed=False), len(runs), hits / (len(runs) * (len(runs) - 1)), lagged)
+        )
     return out
 
 
